@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The one script run on the GPU machine, from the repo root:
+#     bash bench/device_check.sh [extra bench.py args, e.g. --quick]
+# Installs hopmm, runs the GPU tests, the main job (python3 -m hopmm) and the
+# benchmark, then prints the test summary line and the bench table LAST,
+# because the caller only sees the tail of the output.
+# Logs and bench results go to $OUT when it is set (else a mktemp folder for
+# logs and bench/results for results).
+# Exit status: the tests' status if they failed, else the benchmark's (nonzero
+# on a correctness failure), else the main job's.
+set -euo pipefail
+export PYTHONUNBUFFERED=1
+
+LOG_DIR="${OUT:-$(mktemp -d)}"
+BENCH_OUT="${OUT:-bench/results}"  # with OUT set, JSON and PNG land in $OUT directly
+mkdir -p "$LOG_DIR" "$BENCH_OUT"
+TAIL_LINES=20  # lines of a log shown when its step fails or finishes
+
+echo "== device"
+nvidia-smi -L || echo "nvidia-smi failed"
+python3 --version
+python3 - <<'EOF'
+import importlib
+for name in ("cupy", "torch", "numpy"):
+    try:
+        print(name, importlib.import_module(name).__version__)
+    except Exception as e:  # report, do not stop: torch is optional
+        print(f"{name}: not importable ({type(e).__name__}: {e})")
+EOF
+
+echo "== install"
+if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$LOG_DIR/pip-install.log" 2>&1; then
+    tail -n "$TAIL_LINES" "$LOG_DIR/pip-install.log"
+    echo "pip install failed (full log: pip-install.log)"
+    exit 1
+fi
+tail -n 1 "$LOG_DIR/pip-install.log"
+
+export HOPMM_CACHE_DIR="${HOPMM_CACHE_DIR:-$(mktemp -d)}"
+
+echo "== tests"
+test_status=0
+python3 -m pytest -q -rs tests 2>&1 | tee "$LOG_DIR/pytest.log" || test_status=$?
+
+echo "== python3 -m hopmm"
+main_status=0
+python3 -m hopmm > "$LOG_DIR/hopmm-main.log" 2>&1 || main_status=$?
+tail -n "$TAIL_LINES" "$LOG_DIR/hopmm-main.log"
+
+echo "== bench"
+bench_status=0
+python3 bench/bench.py --out "$BENCH_OUT" "$@" 2>&1 | tee "$LOG_DIR/bench.log" || bench_status=$?
+
+echo
+echo "== summary (exit status: tests $test_status, main job $main_status, bench $bench_status)"
+summary=$(grep -E '[0-9]+ (passed|failed|errors?|skipped)|no tests ran' "$LOG_DIR/pytest.log" | tail -n 1 || true)
+echo "tests: ${summary:-$(tail -n 1 "$LOG_DIR/pytest.log")}"
+# bench.py prints its table last, starting with a '=== hopmm bench' title line.
+table=$(sed -n '/^=== hopmm bench/,$p' "$LOG_DIR/bench.log")
+if [[ -n "$table" ]]; then
+    echo "$table"
+else
+    echo "bench produced no table; last lines of its log:"
+    tail -n "$TAIL_LINES" "$LOG_DIR/bench.log"
+fi
+
+for status in "$test_status" "$bench_status" "$main_status"; do
+    if [[ "$status" -ne 0 ]]; then
+        exit "$status"
+    fi
+done

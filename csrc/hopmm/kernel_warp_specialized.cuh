@@ -1,0 +1,54 @@
+// Kernel skeleton: warp-specialized, one output tile per CTA. Warpgroup 0 is the producer
+// (setmaxnreg.dec), warpgroups 1..kConsumers are consumers (setmaxnreg.inc); the slots
+// Producer / Consumer / Epilogue are filled by the schedule that renders the kernel.
+#pragma once
+#include "tile_config.cuh"
+
+namespace hopmm {
+
+template <class Cfg, class Producer, class Consumer, class Epilogue>
+__device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, const TensorMap* map_b,
+                                                      const TensorMap* map_c, int k,
+                                                      int batch_offset,
+                                                      BatchMap batch_a, BatchMap batch_b) {
+    typedef TileShape<Cfg> S;
+    extern __shared__ unsigned char smem_raw[];
+    SharedStorage<Cfg> smem;
+    smem.base = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<unsigned long long>(smem_raw) + kSmemAlign - 1) & ~(u64)(kSmemAlign - 1));
+
+    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S::kStages; ++s) {
+            mbar_init(smem.full_bar(s), 1);                  // the producer's expect_tx arrive
+            mbar_init(smem.empty_bar(s), S::kConsumers);     // one arrive per consumer
+        }
+        fence_barrier_init();
+        tma_prefetch_map(map_a);
+        tma_prefetch_map(map_b);
+        tma_prefetch_map(map_c);
+    }
+    __syncthreads();
+
+    const int m0 = blockIdx.y * S::kBlockM;
+    const int n0 = blockIdx.x * S::kBlockN;
+    const int z = batch_offset + blockIdx.z;  // grids hold at most 65535 batches
+    const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    int ring = 0;
+
+    if (warpgroup == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (thread == 0)
+            Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), num_k_blocks, ring);
+    } else {
+        setmaxnreg_inc<kConsumerRegs>();
+        const int consumer = warpgroup - 1;
+        Consumer consumer_state;
+        consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
+        Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
+                        m0 + consumer * S::kWgmmaM, n0, z);
+    }
+}
+
+}  // namespace hopmm

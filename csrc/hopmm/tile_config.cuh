@@ -1,0 +1,82 @@
+// Compile-time description of one kernel instance and the shared-memory plan derived from it.
+// The Python renderer defines a `struct Config` with the fields read here; everything else is
+// derived, so the Python side and the kernel can never disagree about byte counts.
+#pragma once
+#include "wgmma.cuh"
+
+namespace hopmm {
+
+constexpr int kWarpgroupThreads = 128;
+constexpr int kElemBytes = 2;        // fp16 / bf16 operands and output
+constexpr int kTmaBoxElems = 64;     // one 128-byte swizzle row of 16-bit elements
+constexpr u32 kSmemAlign = 1024;     // 128B-swizzle pattern period: tiles start on it
+
+// Register split between the producer warpgroup and the consumer warpgroups (setmaxnreg).
+// 128 * 40 + 256 * 232 = 64,512 of the SM's 65,536 registers.
+constexpr u32 kProducerRegs = 40;
+constexpr u32 kConsumerRegs = 232;
+
+// Named barrier ids (0 belongs to __syncthreads).
+constexpr u32 kBarrierEpilogueBase = 1;   // + consumer index
+
+template <class Cfg>
+struct TileShape {
+    static constexpr int kBlockM = Cfg::kBlockM;
+    static constexpr int kBlockN = Cfg::kBlockN;
+    static constexpr int kBlockK = Cfg::kBlockK;
+    static constexpr int kStages = Cfg::kStages;
+    static constexpr int kConsumers = Cfg::kConsumers;
+    static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
+    static constexpr int kWgmmaM = 64;
+    static_assert(kBlockM == kConsumers * kWgmmaM, "each consumer warpgroup owns 64 rows");
+    static_assert(kBlockK == kTmaBoxElems, "one 128-byte swizzle atom of K per stage");
+    static_assert(kBlockN % kTmaBoxElems == 0 && kBlockN <= 256, "N tile: 64..256, step 64");
+
+    static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
+    static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
+    static constexpr u32 kStageBytes = kABytes + kBBytes;
+    // Epilogue staging: per consumer, kBlockN / 64 boxes of 64 rows x 128 bytes.
+    static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;
+    static constexpr u32 kCBytesPerConsumer = (kBlockN / kTmaBoxElems) * kCBoxBytes;
+
+    static constexpr u32 kAOffset = 0;
+    static constexpr u32 kBOffset = kAOffset + kStages * kABytes;
+    static constexpr u32 kCOffset = kBOffset + kStages * kBBytes;
+    static constexpr u32 kBarrierOffset = kCOffset + kConsumers * kCBytesPerConsumer;
+    static constexpr u32 kBarrierBytes = 2 * kStages * sizeof(u64);
+    // The dynamic allocation is padded so the base can be rounded up to kSmemAlign.
+    static constexpr u32 kSmemBytes = kBarrierOffset + kBarrierBytes + kSmemAlign;
+    static_assert(kABytes % kSmemAlign == 0 && kBBytes % kSmemAlign == 0, "tiles stay aligned");
+    static_assert(kSmemBytes == Cfg::kSmemBytesExpected,
+                  "the Python shared-memory plan (schedules.py) disagrees with this one");
+};
+
+// Views of the one dynamic shared-memory allocation.
+template <class Cfg>
+struct SharedStorage {
+    typedef TileShape<Cfg> S;
+    unsigned char* base;
+
+    __device__ __forceinline__ unsigned char* a_tile(int s) const { return base + S::kAOffset + s * S::kABytes; }
+    __device__ __forceinline__ unsigned char* b_tile(int s) const { return base + S::kBOffset + s * S::kBBytes; }
+    __device__ __forceinline__ unsigned char* c_tile(int consumer) const {
+        return base + S::kCOffset + consumer * S::kCBytesPerConsumer;
+    }
+    __device__ __forceinline__ u64* full_bar(int s) const {
+        return reinterpret_cast<u64*>(base + S::kBarrierOffset) + s;
+    }
+    __device__ __forceinline__ u64* empty_bar(int s) const {
+        return reinterpret_cast<u64*>(base + S::kBarrierOffset) + S::kStages + s;
+    }
+};
+
+// Which batch slice of an operand an output batch index z reads: (z / div) % mod. This covers
+// a full batch (1, B), a broadcast operand (1, 1) and broadcasting over leading or trailing
+// batch dimensions.
+struct BatchMap {
+    int div;
+    int mod;
+    __device__ __forceinline__ int operator()(int z) const { return (z / div) % mod; }
+};
+
+}  // namespace hopmm

@@ -1,0 +1,284 @@
+// hopmm._tensormap: encodes CUDA TMA descriptors (CUtensorMap) for the kernels.
+//
+// The driver entry point is resolved with dlopen/dlsym at run time, so the
+// module builds without the CUDA toolkit and imports on machines without a GPU
+// or driver (the CPU tests and kernel compilation via NVRTC need neither).
+// This runs on every matmul call, so the happy path avoids heap allocations
+// apart from the returned bytes object.
+
+#include <pybind11/pybind11.h>
+
+#include <dlfcn.h>
+
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <string>
+
+namespace py = pybind11;
+
+namespace {
+
+// --- The subset of the driver ABI we use, spelled out instead of including
+// cuda.h. Values are fixed by the ABI; tests/test_tma.py checks them against a
+// cuda.h when one is installed.
+using CUresult = int;
+constexpr CUresult kCudaSuccess = 0;
+constexpr CUresult kCudaErrorNotInitialized = 3;
+constexpr CUresult kCudaErrorInvalidContext = 201;
+
+constexpr int kTensorMapQwords = 16;  // CU_TENSOR_MAP_NUM_QWORDS
+// The driver requires the map itself to be 64-byte aligned.
+struct alignas(64) CUtensorMap {
+    uint64_t opaque[kTensorMapQwords];
+};
+constexpr size_t kTensorMapBytes = sizeof(CUtensorMap);
+static_assert(kTensorMapBytes == 128, "CUtensorMap is 128 bytes");
+
+// CUtensorMapDataType (the ones hopmm uses)
+constexpr int kDataTypeFloat16 = 6;
+constexpr int kDataTypeFloat32 = 7;
+constexpr int kDataTypeBFloat16 = 9;
+// CUtensorMapInterleave
+constexpr int kInterleaveNone = 0;
+// CUtensorMapSwizzle
+constexpr int kSwizzleNone = 0;
+constexpr int kSwizzle32B = 1;
+constexpr int kSwizzle64B = 2;
+constexpr int kSwizzle128B = 3;
+// CUtensorMapL2promotion
+constexpr int kL2PromotionNone = 0;
+constexpr int kL2Promotion64B = 1;
+constexpr int kL2Promotion128B = 2;
+constexpr int kL2Promotion256B = 3;
+// CUtensorMapFloatOOBfill
+constexpr int kOobFillNone = 0;
+constexpr int kOobFillNanRequestZeroFma = 1;
+
+constexpr int kMaxRank = 5;
+// TMA steps through every element: no strided traversal.
+constexpr uint32_t kElementStride = 1;
+
+using EncodeTiledFn = CUresult (*)(CUtensorMap* tensor_map, int data_type, uint32_t rank,
+                                   void* global_address, const uint64_t* global_dim,
+                                   const uint64_t* global_strides, const uint32_t* box_dim,
+                                   const uint32_t* element_strides, int interleave, int swizzle,
+                                   int l2_promotion, int oob_fill);
+using GetErrorFn = CUresult (*)(CUresult error, const char** text);
+
+const char kDriverLibrary[] = "libcuda.so.1";
+const char kNoDriverMessage[] =
+    "CUDA driver (libcuda.so.1) not found: tensor maps need an NVIDIA driver";
+
+struct Driver {
+    EncodeTiledFn encode_tiled = nullptr;
+    GetErrorFn get_error_name = nullptr;
+};
+
+Driver load_driver() {
+    Driver d;
+    // Never dlclose'd: the pointers stay valid for the life of the process.
+    void* lib = dlopen(kDriverLibrary, RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) return d;
+    d.encode_tiled = reinterpret_cast<EncodeTiledFn>(dlsym(lib, "cuTensorMapEncodeTiled"));
+    d.get_error_name = reinterpret_cast<GetErrorFn>(dlsym(lib, "cuGetErrorName"));
+    return d;
+}
+
+// Resolved once; C++11 makes the initialisation of a function-local static
+// thread-safe, and afterwards each call is a plain load.
+const Driver& driver() {
+    static const Driver d = load_driver();
+    return d;
+}
+
+// Fixed-size argument storage, so parsing allocates nothing.
+struct TiledArgs {
+    int data_type;
+    uint64_t address;
+    uint32_t rank;
+    std::array<uint64_t, kMaxRank> dims{};
+    std::array<uint64_t, kMaxRank - 1> strides{};
+    std::array<uint32_t, kMaxRank> box{};
+    int swizzle;
+    int l2_promotion;
+    int oob_fill;
+};
+
+// Copies a Python sequence of ints into out[0..n), range-checked by pybind11.
+template <typename T, size_t N>
+size_t read_ints(const py::sequence& seq, const char* name, std::array<T, N>& out) {
+    const size_t n = seq.size();
+    if (n > N) {
+        throw py::value_error(std::string(name) + ": at most " + std::to_string(N) +
+                              " entries, got " + std::to_string(n));
+    }
+    for (size_t i = 0; i < n; ++i) {
+        try {
+            out[i] = seq[i].cast<T>();
+        } catch (const py::cast_error&) {
+            throw py::value_error(std::string(name) + "[" + std::to_string(i) + "] = " +
+                                  py::repr(seq[i]).cast<std::string>() +
+                                  " is not an integer in the range of uint" +
+                                  std::to_string(8 * sizeof(T)) + "_t");
+        }
+    }
+    return n;
+}
+
+TiledArgs parse_args(int data_type, uint64_t address, const py::sequence& dims,
+                     const py::sequence& strides_bytes, const py::sequence& box, int swizzle,
+                     int l2_promotion, int oob_fill) {
+    TiledArgs a;
+    a.data_type = data_type;
+    a.address = address;
+    a.swizzle = swizzle;
+    a.l2_promotion = l2_promotion;
+    a.oob_fill = oob_fill;
+    const size_t rank = read_ints(dims, "dims", a.dims);
+    if (rank < 1) throw py::value_error("dims: rank must be 1.." + std::to_string(kMaxRank));
+    a.rank = static_cast<uint32_t>(rank);
+    if (read_ints(strides_bytes, "strides_bytes", a.strides) != rank - 1) {
+        throw py::value_error("strides_bytes: need rank-1 = " + std::to_string(rank - 1) +
+                              " entries, got " + std::to_string(strides_bytes.size()));
+    }
+    if (read_ints(box, "box", a.box) != rank) {
+        throw py::value_error("box: need rank = " + std::to_string(rank) + " entries, got " +
+                              std::to_string(box.size()));
+    }
+    return a;
+}
+
+// Messages are built with std::string and snprintf, not iostreams: an
+// ostringstream segfaulted in this module as built on the GPU machine.
+template <typename T, size_t N>
+std::string list_str(const std::array<T, N>& v, size_t n) {
+    std::string s = "[";
+    for (size_t i = 0; i < n; ++i) s += (i ? ", " : "") + std::to_string(v[i]);
+    return s + "]";
+}
+
+[[noreturn]] void throw_encode_error(CUresult rc, const TiledArgs& a) {
+    const char* name = nullptr;
+    if (driver().get_error_name == nullptr ||
+        driver().get_error_name(rc, &name) != kCudaSuccess || name == nullptr) {
+        name = "unknown error";
+    }
+    char address[32];
+    std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(a.address));
+    std::string msg = "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(rc) +
+                      " (" + name + ")";
+    if (rc == kCudaErrorNotInitialized || rc == kCudaErrorInvalidContext) {
+        msg += " [the driver needs a current CUDA context: create one first, e.g. by "
+               "allocating a CuPy array]";
+    }
+    msg += "; arguments: data_type=" + std::to_string(a.data_type) + " address=" + address +
+           " rank=" + std::to_string(a.rank) + " dims=" + list_str(a.dims, a.rank) +
+           " strides_bytes=" + list_str(a.strides, a.rank - 1) +
+           " box=" + list_str(a.box, a.rank) +
+           " element_strides=all " + std::to_string(kElementStride) +
+           " interleave=" + std::to_string(kInterleaveNone) +
+           " swizzle=" + std::to_string(a.swizzle) +
+           " l2_promotion=" + std::to_string(a.l2_promotion) +
+           " oob_fill=" + std::to_string(a.oob_fill);
+    throw std::runtime_error(msg);
+}
+
+void encode(const TiledArgs& a, CUtensorMap* out) {
+    const Driver& d = driver();
+    if (d.encode_tiled == nullptr) throw std::runtime_error(kNoDriverMessage);
+    const std::array<uint32_t, kMaxRank> element_strides{kElementStride, kElementStride,
+                                                         kElementStride, kElementStride,
+                                                         kElementStride};
+    const CUresult rc = d.encode_tiled(out, a.data_type, a.rank,
+                                       reinterpret_cast<void*>(a.address), a.dims.data(),
+                                       a.strides.data(), a.box.data(), element_strides.data(),
+                                       kInterleaveNone, a.swizzle, a.l2_promotion, a.oob_fill);
+    if (rc != kCudaSuccess) throw_encode_error(rc, a);
+}
+
+py::bytes encode_tiled(int data_type, uint64_t address, const py::sequence& dims,
+                       const py::sequence& strides_bytes, const py::sequence& box, int swizzle,
+                       int l2_promotion, int oob_fill) {
+    const TiledArgs a =
+        parse_args(data_type, address, dims, strides_bytes, box, swizzle, l2_promotion, oob_fill);
+    CUtensorMap map;
+    encode(a, &map);
+    return py::bytes(reinterpret_cast<const char*>(&map), kTensorMapBytes);
+}
+
+// Owns a Py_buffer for the duration of a call.
+struct BufferView {
+    Py_buffer view{};
+    explicit BufferView(const py::handle& obj) {
+        if (PyObject_GetBuffer(obj.ptr(), &view, PyBUF_WRITABLE | PyBUF_ANY_CONTIGUOUS) != 0) {
+            py::raise_from(PyExc_ValueError,
+                           "buf must be a writable, contiguous buffer (e.g. a numpy array)");
+            throw py::error_already_set();
+        }
+    }
+    ~BufferView() { PyBuffer_Release(&view); }
+    BufferView(const BufferView&) = delete;
+    BufferView& operator=(const BufferView&) = delete;
+};
+
+void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
+                       uint64_t address, const py::sequence& dims,
+                       const py::sequence& strides_bytes, const py::sequence& box, int swizzle,
+                       int l2_promotion, int oob_fill) {
+    BufferView b(buf);
+    const auto size = static_cast<Py_ssize_t>(kTensorMapBytes);
+    if (offset < 0 || offset > b.view.len - size) {
+        throw py::value_error("offset " + std::to_string(offset) + ": a " +
+                              std::to_string(kTensorMapBytes) +
+                              "-byte tensor map does not fit in a buffer of " +
+                              std::to_string(b.view.len) + " bytes");
+    }
+    const TiledArgs a =
+        parse_args(data_type, address, dims, strides_bytes, box, swizzle, l2_promotion, oob_fill);
+    // Encode into an aligned local (the driver needs 64-byte alignment, the
+    // buffer slot may not have it), then copy: the buffer is only written on success.
+    CUtensorMap map;
+    encode(a, &map);
+    std::memcpy(static_cast<char*>(b.view.buf) + offset, &map, kTensorMapBytes);
+}
+
+}  // namespace
+
+PYBIND11_MODULE(_tensormap, m) {
+    m.doc() = "Encodes CUDA TMA tensor maps (CUtensorMap) via the driver loaded at run time.";
+
+    m.def("driver_available", [] { return driver().encode_tiled != nullptr; },
+          "True if libcuda.so.1 loads and provides cuTensorMapEncodeTiled.");
+    m.def("encode_tiled", &encode_tiled, py::arg("data_type"), py::arg("address"),
+          py::arg("dims"), py::arg("strides_bytes"), py::arg("box"), py::arg("swizzle"),
+          py::arg("l2_promotion"), py::arg("oob_fill"),
+          "Returns the 128-byte CUtensorMap from cuTensorMapEncodeTiled (dims innermost "
+          "first; element strides 1; no interleave).");
+    m.def("encode_tiled_into", &encode_tiled_into, py::arg("buf"), py::arg("offset"),
+          py::arg("data_type"), py::arg("address"), py::arg("dims"), py::arg("strides_bytes"),
+          py::arg("box"), py::arg("swizzle"), py::arg("l2_promotion"), py::arg("oob_fill"),
+          "Like encode_tiled, but writes the 128 bytes into buf at byte offset.");
+
+    // Exported so the tests can check them against tma.py and cuda.h.
+    m.attr("TENSOR_MAP_BYTES") = kTensorMapBytes;
+    m.attr("MAX_RANK") = kMaxRank;
+    m.attr("CUDA_SUCCESS") = kCudaSuccess;
+    m.attr("CUDA_ERROR_NOT_INITIALIZED") = kCudaErrorNotInitialized;
+    m.attr("CUDA_ERROR_INVALID_CONTEXT") = kCudaErrorInvalidContext;
+    m.attr("DATA_TYPE_FLOAT16") = kDataTypeFloat16;
+    m.attr("DATA_TYPE_FLOAT32") = kDataTypeFloat32;
+    m.attr("DATA_TYPE_BFLOAT16") = kDataTypeBFloat16;
+    m.attr("INTERLEAVE_NONE") = kInterleaveNone;
+    m.attr("SWIZZLE_NONE") = kSwizzleNone;
+    m.attr("SWIZZLE_32B") = kSwizzle32B;
+    m.attr("SWIZZLE_64B") = kSwizzle64B;
+    m.attr("SWIZZLE_128B") = kSwizzle128B;
+    m.attr("L2_PROMOTION_NONE") = kL2PromotionNone;
+    m.attr("L2_PROMOTION_64B") = kL2Promotion64B;
+    m.attr("L2_PROMOTION_128B") = kL2Promotion128B;
+    m.attr("L2_PROMOTION_256B") = kL2Promotion256B;
+    m.attr("OOB_FILL_NONE") = kOobFillNone;
+    m.attr("OOB_FILL_NAN_REQUEST_ZERO_FMA") = kOobFillNanRequestZeroFma;
+}

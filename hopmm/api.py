@@ -1,0 +1,196 @@
+"""hopmm.matmul: cupy.matmul's semantics, computed by hopmm's Hopper kernels where they
+apply and by cupy.matmul elsewhere (visibly: `explain`, and `HOPMM_STRICT=1` makes it an
+error)."""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from . import device as device_mod
+from . import heuristics, launch, layout
+from .problem import KERNEL_DTYPES, Problem
+
+STRICT_ENV = "HOPMM_STRICT"
+
+
+class FallbackError(RuntimeError):
+    """Raised under HOPMM_STRICT=1 when a call would fall back to cupy.matmul."""
+
+
+@dataclass
+class Plan:
+    path: str                       # "kernel", "cupy.matmul", "empty" or "zeros"
+    reason: str
+    shapes: layout.MatmulShapes | None = None
+    dtype: object = None
+
+@dataclass
+class KernelCall:
+    """Operands as the kernel reads them, and the problem and choice made for them."""
+    a3: object
+    a_map: layout.BatchMapping
+    b3: object
+    b_map: layout.BatchMapping
+    problem: Problem
+    choice: heuristics.Choice
+    copies: list = field(default_factory=list)  # operands copied to be TMA-readable
+
+
+def _is_cupy_array(x) -> bool:
+    import cupy
+
+    return isinstance(x, cupy.ndarray)
+
+
+def _check_types(a, b, out) -> None:
+    for name, x in (("a", a), ("b", b)):
+        if isinstance(x, (int, float, complex)):
+            raise ValueError(f"hopmm.matmul: scalar operand {name} is not allowed, use '*' instead")
+        if not _is_cupy_array(x):
+            raise TypeError(f"hopmm.matmul: operand {name} must be a cupy.ndarray, got "
+                            f"{type(x).__module__}.{type(x).__qualname__} (use cupy.asarray "
+                            f"to move it to the GPU)")
+    if out is not None and not _is_cupy_array(out):
+        raise TypeError(f"hopmm.matmul: out must be a cupy.ndarray, got {type(out).__qualname__}")
+    devices = {x.device.id for x in (a, b, out) if x is not None}
+    if len(devices) > 1:
+        raise ValueError(f"hopmm.matmul: operands are on different devices {sorted(devices)}")
+
+
+def plan(a, b, out=None) -> Plan:
+    """Validates a call as cupy.matmul would and decides how it runs (no GPU work)."""
+    import cupy
+    import numpy
+
+    _check_types(a, b, out)
+    shapes = layout.matmul_shapes(a.shape, b.shape)
+    dtype = cupy.result_type(a.dtype, b.dtype)
+    if out is not None:
+        if out.shape != shapes.out_shape:
+            raise ValueError(f"hopmm.matmul: out has shape {out.shape}, the result has shape "
+                             f"{shapes.out_shape}")
+        if not numpy.can_cast(dtype, out.dtype, casting="same_kind"):
+            raise TypeError(f"hopmm.matmul: cannot cast the result dtype {dtype} to out's "
+                            f"dtype {out.dtype} (casting='same_kind')")
+    if 0 in (shapes.m, shapes.n, shapes.batch):
+        return Plan("empty", "the result has no elements", shapes, dtype)
+    if shapes.k == 0:
+        return Plan("zeros", "k = 0: every element is an empty sum", shapes, dtype)
+
+    reason = _unsupported_reason(a, b, out)
+    if reason:
+        return Plan("cupy.matmul", reason, shapes, dtype)
+    dev = device_mod.query(a.device.id)
+    return Plan("kernel", f"{a.dtype.name} on {dev.name} (sm_90)", shapes, dtype)
+
+
+def _unsupported_reason(a, b, out) -> str | None:
+    if a.dtype != b.dtype or a.dtype.name not in KERNEL_DTYPES:
+        return (f"dtypes {a.dtype.name} @ {b.dtype.name}: hopmm's kernels take float16 or "
+                f"bfloat16 operands of one dtype")
+    if out is not None and out.dtype != a.dtype:
+        return f"out dtype {out.dtype.name} differs from the operands' {a.dtype.name}"
+    dev = device_mod.query(a.device.id)
+    if not dev.is_hopper:
+        cc = "%d.%d" % dev.compute_capability
+        return f"{dev.name} is compute capability {cc}; hopmm's kernels need Hopper (9.0)"
+    return None
+
+
+def _as_matrix_stack(x, is_vector: bool, vector_axis: int):
+    return x.reshape(x.shape + (1,)) if is_vector and vector_axis == 1 else (
+        x.reshape((1,) + x.shape) if is_vector else x)
+
+
+def _operand3d(x2, batch_shape: tuple):
+    """(batch..., r, c) operand -> ((nb, r, c) array, BatchMapping) over the broadcast batch."""
+    import cupy
+
+    r, c = x2.shape[-2:]
+    op_batch = x2.shape[:-2]
+    mapping = layout.batch_mapping(op_batch, batch_shape)
+    if mapping is None:  # varying over non-adjacent batch dims: materialise the broadcast
+        full = cupy.broadcast_to(x2, batch_shape + (r, c)).reshape(-1, r, c)
+        return full, layout.BatchMapping(0, len(batch_shape), 1, full.shape[0])
+    x = x2.reshape((1,) * (len(batch_shape) - len(op_batch)) + x2.shape)
+    index = tuple(slice(None) if mapping.lo <= i < mapping.hi else 0
+                  for i in range(len(batch_shape)))
+    return x[index].reshape(mapping.mod, r, c), mapping
+
+
+def matmul(a, b, out=None):
+    """Matrix product with the semantics of cupy.matmul (and numpy.matmul)."""
+    import cupy
+
+    p = plan(a, b, out)
+    if p.path == "cupy.matmul":
+        if os.environ.get(STRICT_ENV, "") not in ("", "0"):
+            raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "
+                                f"(unset {STRICT_ENV} to allow it)")
+        return cupy.matmul(a, b, out=out)
+    result = out if out is not None else cupy.empty(p.shapes.out_shape, dtype=p.dtype)
+    if p.path == "empty":
+        return result
+    if p.path == "zeros":
+        result.fill(0)
+        return result
+    with a.device:
+        _run_kernel(p, a, b, result, out is not None)
+    return result
+
+
+def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
+    """Batch views and TMA-readable operands (aligned copies where needed); the problem and
+    the schedule are decided on the operands exactly as the kernel will read them."""
+    a3, a_map = _operand3d(_as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
+    b3, b_map = _operand3d(_as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
+    a3, a_axis, a_copied = launch.prepare_operand(a3)
+    b3, b_axis, b_copied = launch.prepare_operand(b3)
+    problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
+                      dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
+                      b_major="n" if b_axis == "cols" else "k")
+    choice = heuristics.choose(problem, device_mod.query(a.device.id))
+    copies = [name for name, copied in (("a", a_copied), ("b", b_copied)) if copied]
+    return KernelCall(a3, a_map, b3, b_map, problem, choice, copies)
+
+
+def _run_kernel(p: Plan, a, b, result, user_out: bool) -> None:
+    import cupy
+
+    s = p.shapes
+    call = _kernel_call(a, b, s)
+    direct = (result.flags.c_contiguous
+              and layout.store_ok((s.m, s.n), (s.n * result.itemsize, result.itemsize),
+                                  result.itemsize, result.data.ptr)
+              and not (user_out and (cupy.may_share_memory(result, a)
+                                     or cupy.may_share_memory(result, b))))
+    if direct:
+        c3 = result.reshape(s.batch, s.m, s.n)
+    else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
+        c3 = cupy.empty((s.batch, s.m, layout.padded(s.n, result.itemsize)),
+                        dtype=result.dtype)[:, :, : s.n]
+    launch.run(call.choice, call.problem, call.a3, call.a_map, call.b3, call.b_map, c3)
+    if not direct:
+        result[...] = c3.reshape(s.out_shape)
+
+
+def explain(a, b, out=None) -> str:
+    """Which path `matmul(a, b, out)` takes, with which schedule and config, and why."""
+    p = plan(a, b, out)
+    lines = [f"path: {p.path}", f"why: {p.reason}"]
+    if p.shapes is not None:
+        s = p.shapes
+        lines.append(f"shape: batch {s.batch_shape} x ({s.m} x {s.k}) @ ({s.k} x {s.n}) -> "
+                     f"{s.out_shape} {p.dtype}")
+    if p.path == "kernel":
+        with a.device:
+            call = _kernel_call(a, b, p.shapes)
+        c, prob = call.choice, call.problem
+        lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
+                  + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
+                  f"schedule: {c.schedule.name}",
+                  f"kernel: {c.schedule.kernel_name(c.config)}",
+                  f"grid: {c.schedule.grid(prob, c.config)}, {c.schedule.threads(c.config)} "
+                  f"threads, {c.schedule.smem_bytes(c.config)} B shared memory",
+                  f"heuristic: {c.reason}"]
+    return "\n".join(lines)

@@ -1,0 +1,126 @@
+"""Rendered kernel -> checked sm_90a cubin, cached on disk by the hash of its source.
+
+The cache key is the hash of the full rendered source (snippets inlined), the NVRTC options
+and the NVRTC version, so an edited snippet can never be served a stale cubin.
+"""
+from __future__ import annotations
+
+import functools
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from . import nvrtc, render
+
+ARCH_OPTION = "-arch=sm_90a"
+NVRTC_OPTIONS = (ARCH_OPTION, "-std=c++17", "--ptxas-options=-v", "-diag-suppress=177")
+
+# ptxas warnings that mean a kernel silently lost what it was written for.
+FATAL_PTXAS_WARNINGS = {
+    "C7508": "setmaxnreg ignored (no register cap at kernel entry)",
+    "C7510": "wgmma serialized",
+    "C7511": "wgmma serialized",
+    "C7515": "wgmma serialized",
+    "C7519": "warpgroup.arrive injected (wgmma serialized)",
+}
+
+_REGISTERS = re.compile(r"Used (\d+) registers")
+_FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
+_WARNING_CODE = re.compile(r"\b(C\d{4})\b")
+
+
+class ResourceError(RuntimeError):
+    """A compiled kernel breaks a resource rule (spills, shared memory, serialized wgmma)."""
+
+
+@dataclass(frozen=True)
+class ResourceReport:
+    registers: int
+    stack_frame: int
+    spill_stores: int
+    spill_loads: int
+    warnings: tuple  # ptxas warning lines
+
+    @classmethod
+    def parse(cls, log: str) -> "ResourceReport":
+        regs = _REGISTERS.search(log)
+        frame = _FRAME.search(log)
+        if not regs or not frame:
+            raise ResourceError(f"no ptxas resource report in the compile log:\n{log}")
+        warnings = tuple(line.strip() for line in log.splitlines()
+                         if "ptxas" in line and "warning" in line.lower())
+        return cls(int(regs.group(1)), *(int(x) for x in frame.groups()), warnings)
+
+    def problems(self, smem_bytes: int, smem_limit: int) -> list[str]:
+        out = []
+        if self.spill_stores or self.spill_loads or self.stack_frame:
+            out.append(f"local memory used: {self.stack_frame} B stack, {self.spill_stores} B "
+                       f"spill stores, {self.spill_loads} B spill loads")
+        if smem_bytes > smem_limit:
+            out.append(f"shared memory {smem_bytes} B exceeds the {smem_limit} B limit")
+        for line in self.warnings:
+            for code in _WARNING_CODE.findall(line):
+                if code in FATAL_PTXAS_WARNINGS:
+                    out.append(f"{FATAL_PTXAS_WARNINGS[code]}: {line}")
+        return out
+
+
+@dataclass(frozen=True)
+class CompiledKernel:
+    name: str
+    cubin_path: Path
+    report: ResourceReport
+    source_hash: str
+
+
+def cache_dir() -> Path:
+    root = os.environ.get("HOPMM_CACHE_DIR")
+    if root:
+        path = Path(root)
+    else:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        path = Path(base) / "hopmm"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    """Several processes may compile the same kernel: write aside, then rename into place."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def cache_key(kernel: render.RenderedKernel, options=NVRTC_OPTIONS) -> str:
+    major, minor = nvrtc.version()
+    return render.sha256("\n".join([kernel.source, *options, f"nvrtc {major}.{minor}"]))[:40]
+
+
+@functools.lru_cache(maxsize=None)
+def _compile_cached(name: str, source: str) -> CompiledKernel:
+    kernel = render.RenderedKernel(name=name, source=source, snippet_hashes={})
+    key = cache_key(kernel)
+    cubin_path = cache_dir() / f"{name}-{key}.cubin"
+    log_path = cubin_path.with_suffix(".log")
+    if not (cubin_path.exists() and log_path.exists()):
+        if os.environ.get("HOPMM_DUMP_SOURCE"):
+            Path(os.environ["HOPMM_DUMP_SOURCE"]).mkdir(parents=True, exist_ok=True)
+            (Path(os.environ["HOPMM_DUMP_SOURCE"]) / f"{name}.cu").write_text(source)
+        result = nvrtc.compile_cubin(source, f"{name}.cu", NVRTC_OPTIONS)
+        _atomic_write(log_path, result.log.encode())
+        _atomic_write(cubin_path, result.cubin)
+    report = ResourceReport.parse(log_path.read_text())
+    return CompiledKernel(name=name, cubin_path=cubin_path, report=report,
+                          source_hash=render.sha256(source))
+
+
+def compile_kernel(kernel: render.RenderedKernel) -> CompiledKernel:
+    return _compile_cached(kernel.name, kernel.source)

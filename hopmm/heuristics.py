@@ -1,0 +1,56 @@
+"""Problem -> (schedule, config): a pure function of the problem and the device description,
+so it is tested without a GPU."""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+from .device import DeviceInfo
+from .problem import Problem
+from .schedules import SCHEDULES, KernelConfig, WarpSpecializedSchedule
+
+# Fewer pipeline stages than this cannot hide TMA latency behind the tensor cores.
+MIN_STAGES = 2
+
+
+@dataclass(frozen=True)
+class Choice:
+    schedule: type
+    config: KernelConfig
+    reason: str
+
+
+def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
+    return -(-problem.m // block_m) * -(-problem.n // block_n) * problem.batch
+
+
+@functools.lru_cache(maxsize=4096)
+def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) -> Choice:
+    sched = SCHEDULES[schedule or WarpSpecializedSchedule.name]
+    trans_a, trans_b = problem.a_major == "m", problem.b_major == "n"
+    # A 256-wide tile halves the B traffic per flop of a 128-wide one, but only pays while
+    # there are enough tiles to give every SM work; with fewer, the narrower tile keeps more
+    # SMs busy.
+    wide_tiles = _tiles(problem, 128, 256)
+    if problem.n > 128 and wide_tiles >= device.sm_count:
+        block_n = 256
+        why = f"{wide_tiles} tiles of 128x256 fill {device.sm_count} SMs"
+    else:
+        block_n = 128
+        why = (f"only {wide_tiles} tiles of 128x256 for {device.sm_count} SMs"
+               if problem.n > 128 else f"n = {problem.n} fits a 128-wide tile")
+    # The narrower tile is the fallback when the wide one leaves too few stages.
+    for width in sorted({block_n, 128}, reverse=True):
+        cfg = KernelConfig(dtype=problem.dtype, block_n=width, stages=1, trans_a=trans_a,
+                           trans_b=trans_b)
+        stages = sched.max_stages(cfg, device.smem_per_block_optin)
+        if stages >= MIN_STAGES:
+            break
+        why = f"a {cfg.block_m}x{width} tile leaves fewer than {MIN_STAGES} stages"
+    else:
+        raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
+                           f"per block is too little for a {cfg.block_m}x{cfg.block_n} tile")
+    cfg = KernelConfig(dtype=problem.dtype, block_n=cfg.block_n, stages=stages, trans_a=trans_a,
+                       trans_b=trans_b)
+    return Choice(sched, cfg, f"{why}; {stages} stages fit in "
+                              f"{device.smem_per_block_optin} B of shared memory")

@@ -1,0 +1,45 @@
+"""The frozen description of one GEMM call that every later stage works from."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Operand element types that hopmm's Hopper kernels cover, by NumPy dtype name.
+KERNEL_DTYPES = ("float16", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Problem:
+    """C[z] (m x n) = A[z] (m x k) @ B[z] (k x n) for z in range(batch).
+
+    `a_major` is the dimension of A that is contiguous in memory ("k": row-major A, "m": A is a
+    transposed view); likewise `b_major` ("n": row-major B, "k": B is a transposed view).
+    """
+
+    m: int
+    n: int
+    k: int
+    batch: int
+    dtype: str
+    a_major: str = "k"
+    b_major: str = "n"
+
+    def __post_init__(self):
+        for name in ("m", "n", "k", "batch"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"Problem.{name} must be a positive int, got {value!r}")
+        if self.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"Problem.dtype must be one of {KERNEL_DTYPES}, got {self.dtype!r}")
+        if self.a_major not in ("k", "m"):
+            raise ValueError(f"Problem.a_major must be 'k' or 'm', got {self.a_major!r}")
+        if self.b_major not in ("k", "n"):
+            raise ValueError(f"Problem.b_major must be 'k' or 'n', got {self.b_major!r}")
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.m * self.n * self.k * self.batch
+
+    @property
+    def layout(self) -> str:
+        """BLAS-style layout tag: N = row-major operand, T = transposed view."""
+        return ("N" if self.a_major == "k" else "T") + ("N" if self.b_major == "n" else "T")

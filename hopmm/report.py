@@ -1,0 +1,50 @@
+"""The CPU report of `python -m hopmm`: every registered schedule x config rendered,
+compiled for sm_90a and checked (registers, shared memory, spills, SASS contents)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import compile as compiler
+from . import sass
+from .device import DeviceInfo
+from .schedules import SCHEDULES
+
+
+@dataclass(frozen=True)
+class KernelCheck:
+    name: str
+    registers: int
+    smem_bytes: int
+    spill_bytes: int
+    sass: sass.SassSummary | None
+    problems: tuple
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and (self.sass is None or self.sass.ok)
+
+
+def check_all(device: DeviceInfo) -> list[KernelCheck]:
+    tool = sass.find_cuobjdump()
+    out = []
+    for schedule in SCHEDULES.values():
+        for cfg in schedule.configs(device.smem_per_block_optin):
+            kernel = compiler.compile_kernel(schedule.render(cfg))
+            smem = schedule.smem_bytes(cfg)
+            summary = sass.summarize(kernel.cubin_path, tool) if tool else None
+            r = kernel.report
+            out.append(KernelCheck(kernel.name, r.registers, smem, r.spill_stores + r.spill_loads,
+                                   summary, tuple(r.problems(smem, device.smem_per_block_optin))))
+    return out
+
+
+def format_checks(checks: list[KernelCheck]) -> str:
+    head = f"{'kernel':<48} {'regs':>4} {'smem B':>7} {'spill':>5}  {'arch':<7} HGMMA UTMALDG UTMASTG  ok"
+    rows = [head, "-" * len(head)]
+    for c in checks:
+        s = c.sass
+        sass_cols = (f"{s.arch:<7} {s.counts['hgmma']:>5} {s.counts['tma_load']:>7} "
+                     f"{s.counts['tma_store']:>7}" if s else f"{'(no cuobjdump)':<31}")
+        rows.append(f"{c.name:<48} {c.registers:>4} {c.smem_bytes:>7} {c.spill_bytes:>5}  "
+                    f"{sass_cols}  {'yes' if c.ok else 'NO: ' + '; '.join(c.problems)}")
+    return "\n".join(rows)

@@ -1,0 +1,56 @@
+"""Reads the machine code of a cubin (cuobjdump) to confirm the instructions a kernel was
+written for are really there: HGMMA (wgmma), UTMALDG / UTMASTG (TMA), no LDL / STL."""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+_OPCODES = {
+    "hgmma": re.compile(r"\bHGMMA\."),
+    "tma_load": re.compile(r"\bUTMALDG\b"),
+    "tma_store": re.compile(r"\bUTMASTG\b"),
+    "stmatrix": re.compile(r"\bSTSM\b"),
+    "local_memory": re.compile(r"\b(LDL|STL)\b"),
+    "setmaxnreg": re.compile(r"\bUSETMAXREG\b"),
+}
+_ARCH = re.compile(r"code for (sm_\w+)")
+
+
+def find_cuobjdump() -> str | None:
+    """cuobjdump on PATH, under CUDA_HOME, or from the nvidia-cuda-cuobjdump wheel."""
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    candidates = [Path(os.environ[v]) / "bin" / "cuobjdump"
+                  for v in ("CUDA_HOME", "CUDA_PATH") if os.environ.get(v)]
+    for entry in sys.path:
+        candidates += list(Path(entry).glob("nvidia/cu*/bin/cuobjdump")) if entry else []
+    return next((str(c) for c in candidates if c.is_file() and os.access(c, os.X_OK)), None)
+
+
+@dataclass(frozen=True)
+class SassSummary:
+    arch: str
+    counts: dict
+
+    @property
+    def ok(self) -> bool:
+        c = self.counts
+        return (self.arch == "sm_90a" and c["hgmma"] > 0 and c["tma_load"] > 0
+                and c["tma_store"] > 0 and c["local_memory"] == 0)
+
+
+def summarize(cubin_path: Path, tool: str | None = None) -> SassSummary:
+    tool = tool or find_cuobjdump()
+    if tool is None:
+        raise FileNotFoundError("cuobjdump not found: `pip install nvidia-cuda-cuobjdump`")
+    sass = subprocess.run([tool, "-sass", str(cubin_path)], check=True, capture_output=True,
+                          text=True).stdout
+    arch = _ARCH.search(sass)
+    counts = {name: len(rx.findall(sass)) for name, rx in _OPCODES.items()}
+    return SassSummary(arch=arch.group(1) if arch else "unknown", counts=counts)

@@ -1,0 +1,123 @@
+"""Schedules: which snippets fill which slot of which kernel skeleton, for which tile config.
+
+A Schedule is pure description: rendering, the shared-memory plan and the launch geometry
+are all computable without a GPU, which is what the CPU test tier checks for every config.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, replace
+
+from . import render
+from .problem import KERNEL_DTYPES, Problem
+
+WARPGROUP_THREADS = 128
+ELEM_BYTES = 2           # fp16 / bf16
+TMA_BOX_ELEMS = 64       # one 128-byte swizzle row of 16-bit elements
+SMEM_ALIGN = 1024        # the kernel rounds its dynamic smem base up to this
+MBARRIER_BYTES = 8
+WGMMA_M = 64
+
+
+@dataclass(frozen=True)
+class KernelConfig:
+    dtype: str
+    block_n: int
+    stages: int
+    trans_a: bool   # A is M-major (a transposed view)
+    trans_b: bool   # B is N-major (row-major B)
+    block_m: int = 128
+    block_k: int = TMA_BOX_ELEMS
+    consumers: int = 2
+
+    def __post_init__(self):
+        if self.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.block_n % TMA_BOX_ELEMS or not 0 < self.block_n <= 256:
+            raise ValueError(f"block_n must be 64, 128, 192 or 256, got {self.block_n}")
+        if self.block_m != self.consumers * WGMMA_M:
+            raise ValueError("each consumer warpgroup owns 64 rows of the tile")
+        if self.block_k != TMA_BOX_ELEMS:
+            raise ValueError("block_k is one 128-byte swizzle atom (64 elements)")
+        if self.stages < 1:
+            raise ValueError("at least one pipeline stage")
+
+    @property
+    def tag(self) -> str:
+        layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
+        dt = "bf16" if self.dtype == "bfloat16" else "f16"
+        return f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{layout}"
+
+
+class WarpSpecializedSchedule:
+    """One 128 x N output tile per CTA; warpgroup 0 loads with TMA (setmaxnreg.dec), two
+    consumer warpgroups run the wgmma pipeline and store through stmatrix + TMA."""
+
+    name = "warp_specialized"
+    snippets = ["ptx.cuh", "wgmma.cuh", "tile_config.cuh", "producer_tma.cuh",
+                "consumer_wgmma.cuh", "epilogue_tma_store.cuh", "kernel_warp_specialized.cuh"]
+    slots = {
+        "SKELETON": "hopmm::warp_specialized_gemm",
+        "PRODUCER": "hopmm::TmaProducer",
+        "CONSUMER": "hopmm::WgmmaConsumer",
+        "EPILOGUE": "hopmm::TmaStoreEpilogue",
+    }
+    block_ns = (128, 256)
+
+    # -- shared-memory plan (mirrors TileShape in tile_config.cuh; the kernel static_asserts
+    #    that both agree) --
+    @staticmethod
+    def stage_bytes(cfg: KernelConfig) -> int:
+        return (cfg.block_m + cfg.block_n) * cfg.block_k * ELEM_BYTES
+
+    @staticmethod
+    def epilogue_bytes(cfg: KernelConfig) -> int:
+        return cfg.block_m * cfg.block_n * ELEM_BYTES
+
+    @classmethod
+    def smem_bytes(cls, cfg: KernelConfig) -> int:
+        barriers = 2 * cfg.stages * MBARRIER_BYTES
+        return cfg.stages * cls.stage_bytes(cfg) + cls.epilogue_bytes(cfg) + barriers + SMEM_ALIGN
+
+    @classmethod
+    def max_stages(cls, cfg: KernelConfig, smem_limit: int) -> int:
+        fixed = cls.epilogue_bytes(cfg) + SMEM_ALIGN
+        per_stage = cls.stage_bytes(cfg) + 2 * MBARRIER_BYTES
+        return (smem_limit - fixed) // per_stage
+
+    @staticmethod
+    def threads(cfg: KernelConfig) -> int:
+        return (1 + cfg.consumers) * WARPGROUP_THREADS
+
+    @staticmethod
+    def grid(problem: Problem, cfg: KernelConfig) -> tuple[int, int, int]:
+        return (-(-problem.n // cfg.block_n), -(-problem.m // cfg.block_m), problem.batch)
+
+    @classmethod
+    def kernel_name(cls, cfg: KernelConfig) -> str:
+        return f"hopmm_{cls.name}_{cfg.tag}"
+
+    @classmethod
+    def render(cls, cfg: KernelConfig) -> render.RenderedKernel:
+        fields = {
+            "kBlockM": cfg.block_m, "kBlockN": cfg.block_n, "kBlockK": cfg.block_k,
+            "kStages": cfg.stages, "kConsumers": cfg.consumers,
+            "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
+            "kTransB": int(cfg.trans_b), "kSmemBytesExpected": cls.smem_bytes(cfg),
+        }
+        return render.render_kernel(cls.kernel_name(cfg), cls.snippets, fields,
+                                    dict(cls.slots, THREADS=str(cls.threads(cfg))))
+
+    @classmethod
+    def configs(cls, smem_limit: int) -> list[KernelConfig]:
+        """Every config this schedule can be asked for: each tile width, dtype and layout, with
+        the deepest pipeline that fits."""
+        out = []
+        for block_n, dtype, ta, tb in itertools.product(cls.block_ns, KERNEL_DTYPES,
+                                                        (False, True), (False, True)):
+            cfg = KernelConfig(dtype=dtype, block_n=block_n, stages=1, trans_a=ta, trans_b=tb)
+            out.append(replace(cfg, stages=cls.max_stages(cfg, smem_limit)))
+        return out
+
+
+SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule,)}

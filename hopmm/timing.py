@@ -1,0 +1,38 @@
+"""Fair side-by-side timing on the GPU: CUDA events around back-to-back launches, rotating
+input sets, implementations interleaved round by round, medians over rounds."""
+from __future__ import annotations
+
+import statistics
+import time
+
+
+def time_per_call(fn, inputs, launches: int) -> float:
+    """Seconds per call of `fn(*inputs[i % len(inputs)])` over `launches` back-to-back calls."""
+    import cupy
+
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    start.record()
+    for i in range(launches):
+        fn(*inputs[i % len(inputs)])
+    stop.record()
+    stop.synchronize()
+    return cupy.cuda.get_elapsed_time(start, stop) / 1e3 / launches
+
+
+def interleaved_medians(contestants: dict, inputs, rounds: int, warmup_s: float,
+                        target_s: float = 0.02) -> dict:
+    """{name: median seconds per call}; the contestants' order rotates every round."""
+    names = list(contestants)
+    deadline = time.perf_counter() + warmup_s
+    while time.perf_counter() < deadline:
+        for name in names:
+            time_per_call(contestants[name], inputs, len(inputs))
+    launches = {}
+    for name in names:  # size each timing to ~target_s so event resolution does not matter
+        t = time_per_call(contestants[name], inputs, len(inputs))
+        launches[name] = max(len(inputs), int(target_s / max(t, 1e-7)))
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[: r % len(names)]:
+            samples[name].append(time_per_call(contestants[name], inputs, launches[name]))
+    return {name: statistics.median(v) for name, v in samples.items()}

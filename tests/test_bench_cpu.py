@@ -1,0 +1,214 @@
+"""CPU-only tests for the pure parts of bench/bench.py and bench/chart.py."""
+import importlib.util
+import json
+import math
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _load(name, filename):
+    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+bench = _load("hopmm_bench_under_test", "bench.py")
+
+
+def fake_rows():
+    rows = []
+    for shape, speed in (("4096x4096x4096", 700.0), ("2048x2048x2048", 550.0), ("512x512x16384", 90.0)):
+        for dtype in ("bf16", "fp16"):
+            tf = {"hopmm": speed * 1.02, "cupy": speed, "torch": speed * 1.01}
+            rows.append({"shape": shape, "dtype": dtype, "ok": True, "error": None,
+                         "rel_err": 2.5e-3 if dtype == "bf16" else 3.1e-4,
+                         "tflops": tf, "host_us": {"hopmm": 6.5} if shape.startswith("512x") else None,
+                         **bench.speed_ratios(tf)})
+    return rows
+
+
+# ------------------------------------------------------------ parsing
+@pytest.mark.parametrize("text, expected", [
+    ("8192x8192x8192", (8192, 8192, 8192)),
+    ("4096x28672x8192", (4096, 28672, 8192)),
+    (" 512X512x16384 ", (512, 512, 16384)),
+])
+def test_parse_shape(text, expected):
+    assert bench.parse_shape(text) == expected
+
+
+@pytest.mark.parametrize("text", ["8192x8192", "1x2x3x4", "axbxc", "0x16x16", "-1x2x3", "4096x4096x", "", "1.5x2x3"])
+def test_parse_shape_rejects_malformed(text):
+    with pytest.raises(ValueError, match="MxNxK|positive"):
+        bench.parse_shape(text)
+
+
+def test_parse_shapes_keeps_order():
+    assert bench.parse_shapes("1024x1024x1024,512x512x16384") == [(1024, 1024, 1024), (512, 512, 16384)]
+
+
+def test_cli_rejects_bad_shape_with_clear_message(capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--shapes", "4096x4096"])
+    assert exc.value.code != 0
+    assert "4096x4096" in capsys.readouterr().err
+
+
+def test_cli_rejects_bad_dtype(capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--dtypes", "fp32"])
+    assert "fp32" in capsys.readouterr().err
+
+
+def test_cli_defaults_and_quick():
+    full = bench.parse_args([])
+    assert len(full.shapes) == 12 and full.shapes[0] == (8192, 8192, 8192)
+    assert full.dtypes == ["bf16", "fp16"]
+    assert full.seconds_per_shape == bench.DEFAULT_WARMUP_S and full.rounds == bench.DEFAULT_ROUNDS
+    quick = bench.parse_args(["--quick"])
+    assert quick.shapes == [(4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024), (512, 512, 16384)]
+    assert (quick.seconds_per_shape, quick.rounds) == (bench.QUICK_WARMUP_S, bench.QUICK_ROUNDS)
+    explicit = bench.parse_args(["--quick", "--shapes", "256x256x256", "--dtypes", "bfloat16"])
+    assert explicit.shapes == [(256, 256, 256)] and explicit.dtypes == ["bf16"]
+
+
+def test_default_run_fits_time_budget():
+    """Warm-up plus rounds alone must leave room in the ~5-minute budget."""
+    args = bench.parse_args([])
+    pairs = len(args.shapes) * len(args.dtypes)
+    rounds_s = args.rounds * len(bench.CONTESTANTS) * bench.TARGET_TIMING_S
+    assert pairs * (args.seconds_per_shape + rounds_s) < 0.5 * 5 * 60
+
+
+# ----------------------------------------------------------- rotation
+@pytest.mark.parametrize("names", [("hopmm", "cupy", "torch"), ("hopmm", "cupy")])
+def test_rotation_every_contestant_each_round_and_each_position(names):
+    rounds = 3 * len(names)
+    orders = bench.rotation_orders(names, rounds)
+    assert len(orders) == rounds
+    assert orders[0] == list(names) and orders[1] == list(names[1:]) + [names[0]]
+    for order in orders:
+        assert sorted(order) == sorted(names)
+    for pos in range(len(names)):
+        counts = Counter(order[pos] for order in orders)
+        assert set(counts) == set(names)
+        assert len(set(counts.values())) == 1  # a multiple of len(names) rounds: equal share
+
+
+def test_default_rounds_balance_three_contestants():
+    assert bench.DEFAULT_ROUNDS % len(bench.CONTESTANTS) == 0
+
+
+# ------------------------------------------------------ sizing, ratios
+def test_input_set_count_bounds_and_l2():
+    l2 = bench.L2_FALLBACK_BYTES
+    assert bench.input_set_count(8192, 8192, 8192, l2) == bench.MIN_INPUT_SETS
+    assert bench.input_set_count(512, 512, 512, l2) == bench.MAX_INPUT_SETS
+    m = n = k = 1024  # 6 MiB per set
+    count = bench.input_set_count(m, n, k, l2)
+    assert bench.MIN_INPUT_SETS <= count <= bench.MAX_INPUT_SETS
+    assert count * (m * k + k * n + m * n) * bench.ELEMENT_BYTES > bench.L2_MULTIPLE * l2 or count == bench.MAX_INPUT_SETS
+
+
+def test_launches_for_targets_timing_length():
+    assert bench.launches_for(1e-3) == round(bench.TARGET_TIMING_S / 1e-3)
+    assert bench.launches_for(10.0) == 1
+    assert bench.launches_for(1e-9) == bench.MAX_LAUNCHES
+    assert bench.launches_for(0.0) == bench.MAX_LAUNCHES
+
+
+def test_speed_ratios_and_tflops():
+    assert bench.tflops(1000, 1000, 1000, 1e-3) == pytest.approx(2.0)
+    r = bench.speed_ratios({"hopmm": 600.0, "cupy": 500.0, "torch": 550.0})
+    assert r["hopmm_vs_cupy"] == pytest.approx(1.2)
+    assert r["hopmm_vs_torch"] == pytest.approx(600 / 550)
+    assert r["hopmm_vs_best"] == pytest.approx(600 / 550)
+    no_torch = bench.speed_ratios({"hopmm": 600.0, "cupy": 500.0})
+    assert no_torch["hopmm_vs_torch"] is None and no_torch["hopmm_vs_best"] == pytest.approx(1.2)
+    assert bench.speed_ratios({"cupy": 500.0})["hopmm_vs_best"] is None
+
+
+def test_rel_err_gate():
+    assert bench.rel_err_ok(5e-3, "bf16") and not bench.rel_err_ok(5e-3, "fp16")
+    assert not bench.rel_err_ok(math.nan, "bf16") and not bench.rel_err_ok(None, "fp16")
+
+
+def test_device_slug():
+    assert bench.device_slug("NVIDIA H100 80GB HBM3") == "nvidia-h100-80gb-hbm3"
+    assert bench.device_slug("  ") == "unknown-device"
+
+
+# --------------------------------------------------------------- table
+def test_format_table_columns_and_alignment():
+    rows = fake_rows()
+    rows.append(bench.error_row((3000, 3000, 3000), "fp16", "RuntimeError: boom"))
+    bad = dict(rows[0], ok=False, rel_err=0.5, error="rel_err too big")
+    rows.append(bad)
+    text = bench.format_table(rows)
+    lines = text.splitlines()
+    assert lines[0] == bench.TABLE_TITLE
+    for column in ("shape", "dtype", "hopmm TFLOP/s", "cupy TFLOP/s", "torch TFLOP/s",
+                   "hopmm/cupy", "hopmm/best", "rel_err", "host_us"):
+        assert column in lines[1]
+    assert len({len(line) for line in lines[1:]}) == 1  # aligned: equal widths
+    assert "4096x4096x4096" in text and "714.0" in text and "6.5" in text
+    assert "ERROR" in lines[-2] and "FAIL" in lines[-1]
+
+
+# ---------------------------------------------------------------- JSON
+def test_json_round_trip(tmp_path):
+    rows = fake_rows()
+    meta = {"device": "NVIDIA H100 80GB HBM3", "sm_count": 132, "date": "2025-01-01T00:00:00+00:00"}
+    path = bench.write_json(tmp_path / "sub" / "bench.json", meta, rows)
+    assert bench.load_json(path) == (meta, rows)
+    assert not list(path.parent.glob("*.tmp"))
+
+
+def test_json_stores_nan_as_null(tmp_path):
+    row = bench.error_row((64, 64, 64), "bf16", "rel_err is NaN")
+    row["rel_err"] = math.nan
+    path = bench.write_json(tmp_path / "nan.json", {}, [row])
+    json.loads(path.read_text(), parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert bench.load_json(path)[1][0]["rel_err"] is None
+
+
+# --------------------------------------------------------------- chart
+def test_draw_chart_writes_png(tmp_path):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    rows = fake_rows() + [bench.error_row((3000, 3000, 3000), "bf16", "boom")]
+    path = bench.draw_chart(rows, tmp_path / "chart.png", "test chart")
+    assert path is not None and path.stat().st_size > 0
+    assert path.read_bytes()[:len(PNG_MAGIC)] == PNG_MAGIC
+
+
+def test_chart_cli_redraws_from_json(tmp_path, capsys):
+    pytest.importorskip("matplotlib", reason="matplotlib is not installed")
+    json_path = bench.write_json(tmp_path / "run.json", {"device": "Fake GPU", "date": "2025-01-01"}, fake_rows())
+    chart = _load("hopmm_chart_under_test", "chart.py")
+    assert chart.main([str(json_path)]) == 0
+    png = json_path.with_suffix(".png")
+    assert png.read_bytes()[:len(PNG_MAGIC)] == PNG_MAGIC
+    assert str(png) in capsys.readouterr().out
+
+
+# ------------------------------------------------------- importability
+def test_bench_imports_without_gpu_libraries():
+    """Make cupy, torch and hopmm unimportable, then import bench.py."""
+    code = (
+        "import sys, importlib.util\n"
+        "for m in ('cupy', 'torch', 'hopmm'): sys.modules[m] = None\n"
+        f"spec = importlib.util.spec_from_file_location('b', {str(BENCH_DIR / 'bench.py')!r})\n"
+        "mod = importlib.util.module_from_spec(spec); spec.loader.exec_module(mod)\n"
+        "print(mod.format_table([]).splitlines()[0])\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0, result.stderr
+    assert bench.TABLE_TITLE in result.stdout

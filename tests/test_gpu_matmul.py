@@ -1,0 +1,234 @@
+"""GPU tier: hopmm.matmul against cupy.matmul (cuBLAS) on fresh random inputs, outputs
+poisoned with NaN first. Skips without a Hopper GPU."""
+import os
+
+import numpy as np
+import pytest
+
+from conftest import requires_hopper
+
+pytestmark = requires_hopper
+
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+DTYPES = ["bfloat16", "float16"]
+EDGE = [1, 17, 100, 1000, 1023, 4097]
+
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    """Every call in these tests must run on hopmm's kernels unless a test says otherwise."""
+    monkeypatch.setenv("HOPMM_STRICT", "1")
+
+
+def rand(shape, dtype):
+    import cupy
+
+    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
+
+
+def rel_err(got, a, b):
+    import cupy
+
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    got = got.astype(cupy.float32)
+    assert got.shape == ref.shape
+    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) or NaN output elements"
+    denom = float(cupy.linalg.norm(ref))
+    return float(cupy.linalg.norm(got - ref)) / (denom if denom else 1.0)
+
+
+def poisoned_out(a, b):
+    import cupy
+
+    from hopmm.layout import matmul_shapes
+
+    return cupy.full(matmul_shapes(a.shape, b.shape).out_shape, cupy.nan, dtype=a.dtype)
+
+
+def check(a, b, dtype):
+    import hopmm
+
+    out = poisoned_out(a, b)
+    res = hopmm.matmul(a, b, out=out)
+    assert res is out
+    assert rel_err(out, a, b) < TOL[dtype]
+    fresh = hopmm.matmul(a, b)   # the path that allocates its own result
+    assert fresh.dtype == a.dtype and fresh.flags.c_contiguous
+    assert rel_err(fresh, a, b) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("dim", ["m", "n", "k"])
+@pytest.mark.parametrize("size", EDGE)
+def test_edge_sizes(dim, size, dtype):
+    shape = {"m": 300, "n": 260, "k": 200}
+    shape[dim] = size
+    check(rand((shape["m"], shape["k"]), dtype), rand((shape["k"], shape["n"]), dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(4097, 4097, 4097), (1023, 1000, 17), (17, 4097, 1023),
+                                   (1, 1, 1), (2048, 2048, 2048), (128, 256, 64)])
+def test_mixed_sizes(m, n, k, dtype):
+    check(rand((m, k), dtype), rand((k, n), dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)],
+                         ids=["NN", "TN", "NT", "TT"])
+@pytest.mark.parametrize("m,n,k", [(1000, 1023, 4097), (256, 512, 320), (17, 100, 1023)])
+def test_transposed(ta, tb, m, n, k, dtype):
+    a = rand((k, m), dtype).T if ta else rand((m, k), dtype)
+    b = rand((n, k), dtype).T if tb else rand((k, n), dtype)
+    check(a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("view", ["rows_offset", "cols_offset", "col_step", "row_step",
+                                  "negative", "padded_ld"])
+def test_sliced_views(view, dtype):
+    import cupy
+
+    big_a, big_b = rand((700, 600), dtype), rand((600, 500), dtype)
+    a, b = {
+        "rows_offset": (big_a[8:520, :], big_b[:, 8:]),          # aligned offsets: no copy
+        "cols_offset": (big_a[:, 3:400], big_b[3:400, 1:]),      # misaligned bases: copies
+        "col_step": (big_a[:, ::2], big_b[::2, :]),
+        "row_step": (big_a[::3, :], big_b[:, ::3]),
+        "negative": (big_a[::-1, :], big_b[:, ::-1]),
+        "padded_ld": (big_a[:, :520], big_b[:520, :264]),        # leading dims > extents
+    }[view]
+    check(a, b, dtype)
+    assert isinstance(a, cupy.ndarray)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_shape,b_shape", [
+    ((4, 200, 300), (4, 300, 100)),
+    ((200, 300), (3, 300, 100)),
+    ((3, 200, 300), (300, 100)),
+    ((2, 1, 200, 64), (3, 64, 136)),
+    ((2, 1, 130, 70), (1, 3, 70, 90)),
+    ((2, 1, 3, 50, 40), (1, 5, 1, 40, 30)),   # operand batch dims that are not one run
+    ((6, 17, 1023), (6, 1023, 17)),
+], ids=str)
+def test_batched_and_broadcast(a_shape, b_shape, dtype):
+    check(rand(a_shape, dtype), rand(b_shape, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_batched_transposed_views(dtype):
+    a = rand((5, 300, 200), dtype).transpose(0, 2, 1)
+    b = rand((5, 260, 300), dtype).transpose(0, 2, 1)
+    check(a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("a_shape,b_shape", [((300,), (300, 200)), ((200, 300), (300,)),
+                                             ((300,), (300,)), ((4, 100, 64), (64,)),
+                                             ((64,), (3, 64, 40))], ids=str)
+def test_vectors(a_shape, b_shape, dtype):
+    check(rand(a_shape, dtype), rand(b_shape, dtype), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_non_contiguous(dtype):
+    import cupy
+
+    import hopmm
+
+    a, b = rand((300, 200), dtype), rand((200, 256), dtype)
+    big = cupy.full((300, 512), cupy.nan, dtype=dtype)
+    out = big[:, ::2]
+    hopmm.matmul(a, b, out=out)
+    assert rel_err(out, a, b) < TOL[dtype]
+    assert bool(cupy.isnan(big[:, 1::2]).all()), "wrote outside the out view"
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_partial_row_no_overrun(dtype):
+    """A 17-wide out inside a wider array: the neighbours past each row stay untouched."""
+    import cupy
+
+    import hopmm
+
+    a, b = rand((100, 64), dtype), rand((64, 17), dtype)
+    big = cupy.full((100, 32), cupy.nan, dtype=dtype)
+    out = big[:, :17]
+    hopmm.matmul(a, b, out=out)
+    assert rel_err(out, a, b) < TOL[dtype]
+    assert bool(cupy.isnan(big[:, 17:]).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_overlapping_input(dtype):
+    import hopmm
+
+    a, b = rand((256, 256), dtype), rand((256, 256), dtype)
+    a0 = a.copy()
+    hopmm.matmul(a, b, out=a)
+    assert rel_err(a, a0, b) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_zero_sizes(dtype):
+    import cupy
+
+    import hopmm
+
+    assert hopmm.matmul(rand((0, 5), dtype), rand((5, 7), dtype)).shape == (0, 7)
+    assert hopmm.matmul(rand((3, 5), dtype), rand((5, 0), dtype)).shape == (3, 0)
+    assert hopmm.matmul(rand((0, 3, 5), dtype), rand((5, 2), dtype)).shape == (0, 3, 2)
+    out = cupy.full((4, 6), cupy.nan, dtype=dtype)
+    hopmm.matmul(rand((4, 0), dtype), rand((0, 6), dtype), out=out)
+    assert bool((out == 0).all())
+
+
+def test_errors():
+    import cupy
+
+    import hopmm
+
+    a = rand((4, 5), "float16")
+    with pytest.raises(ValueError, match="mismatch in its core dimension"):
+        hopmm.matmul(a, rand((4, 5), "float16"))
+    with pytest.raises(ValueError, match="scalar"):
+        hopmm.matmul(a, cupy.asarray(np.float16(2)))
+    with pytest.raises(ValueError, match="broadcast"):
+        hopmm.matmul(rand((2, 4, 5), "float16"), rand((3, 5, 4), "float16"))
+    with pytest.raises(TypeError, match="cupy.ndarray"):
+        hopmm.matmul(a, np.ones((5, 4), np.float16))
+    with pytest.raises(ValueError, match="out has shape"):
+        hopmm.matmul(a, rand((5, 3), "float16"), out=rand((4, 4), "float16"))
+
+
+def test_fallback_visible_and_strict(monkeypatch):
+    import cupy
+
+    import hopmm
+
+    a, b = rand((64, 32), "float32"), rand((32, 48), "float32")
+    assert "cupy.matmul" in hopmm.explain(a, b)
+    with pytest.raises(hopmm.FallbackError, match="float32"):
+        hopmm.matmul(a, b)
+    monkeypatch.setenv("HOPMM_STRICT", "0")
+    np.testing.assert_allclose(cupy.asnumpy(hopmm.matmul(a, b)), cupy.asnumpy(a @ b),
+                               rtol=1e-5, atol=1e-4)
+
+
+def test_explain_kernel_path():
+    import hopmm
+
+    text = hopmm.explain(rand((4096, 4096), "bfloat16"), rand((4096, 4096), "bfloat16"))
+    assert "path: kernel" in text and "warp_specialized" in text and "128x256" in text
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_bitwise_deterministic(dtype):
+    import cupy
+
+    import hopmm
+
+    a, b = rand((1000, 700), dtype), rand((700, 1030), dtype)
+    r1, r2 = hopmm.matmul(a, b), hopmm.matmul(a, b)
+    assert bool(cupy.array_equal(r1.view(cupy.uint16), r2.view(cupy.uint16)))

@@ -1,0 +1,95 @@
+"""CPU: every registered schedule x config renders, compiles for sm_90a through NVRTC and
+keeps its resource promises; the cubin cache can never serve a stale kernel."""
+import pytest
+
+from hopmm import compile as compiler
+from hopmm import render, sass
+from hopmm.device import H100_SXM
+from hopmm.schedules import SCHEDULES
+
+CASES = [(sched, cfg) for sched in SCHEDULES.values()
+         for cfg in sched.configs(H100_SXM.smem_per_block_optin)]
+IDS = [sched.kernel_name(cfg) for sched, cfg in CASES]
+
+
+@pytest.fixture(scope="module", params=CASES, ids=IDS)
+def compiled(request):
+    sched, cfg = request.param
+    return sched, cfg, compiler.compile_kernel(sched.render(cfg))
+
+
+def test_resources(compiled):
+    sched, cfg, kernel = compiled
+    r = kernel.report
+    assert r.spill_stores == r.spill_loads == r.stack_frame == 0, kernel.name
+    assert sched.smem_bytes(cfg) <= H100_SXM.smem_per_block_optin
+    assert r.problems(sched.smem_bytes(cfg), H100_SXM.smem_per_block_optin) == []
+    # setmaxnreg needs a register cap at entry: 65536 / 384 threads rounds down to 168.
+    assert r.registers <= 168
+
+
+def test_sass(compiled):
+    tool = sass.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    _, _, kernel = compiled
+    s = sass.summarize(kernel.cubin_path, tool)
+    assert s.arch == "sm_90a"
+    assert s.counts["hgmma"] > 0 and s.counts["tma_load"] > 0 and s.counts["tma_store"] > 0
+    assert s.counts["stmatrix"] > 0 and s.counts["setmaxnreg"] == 2
+    assert s.counts["local_memory"] == 0
+
+
+def test_pipeline_structure(compiled):
+    """Seed 000: one commit per k-block and a single wait_group 0 flush; seed 004: the proxy
+    fence sits in straight-line code before the epilogue barrier."""
+    sched, cfg, _ = compiled
+    src = sched.render(cfg).source
+    consumer = src[src.index("struct WgmmaConsumer"):src.index("// ---- epilogue_tma_store.cuh")]
+    assert consumer.count("wgmma_commit_group();") == 1
+    assert consumer.count("wgmma_wait_group<1>();") == 1
+    assert consumer.count("wgmma_wait_group<0>();") == 1
+    epilogue = src[src.index("static void store("):]
+    fence = epilogue.index("fence_proxy_async_smem();")
+    assert fence < epilogue.index("named_barrier_sync(") < epilogue.index("if (thread == 0)")
+
+
+def test_rendered_source_names_snippet_hashes():
+    sched, cfg = CASES[0]
+    kernel = sched.render(cfg)
+    for name, digest in kernel.snippet_hashes.items():
+        assert f"{name}@{digest[:16]}" in kernel.source.splitlines()[0]
+    assert set(kernel.snippet_hashes) >= set(sched.snippets)
+
+
+def test_cache_key_changes_when_a_snippet_changes(tmp_path, monkeypatch):
+    sched, cfg = CASES[0]
+    before = sched.render(cfg)
+    copy = tmp_path / "hopmm"
+    copy.mkdir()
+    for f in render.snippet_dir().iterdir():
+        (copy / f.name).write_text(f.read_text())
+    (copy / "ptx.cuh").write_text((copy / "ptx.cuh").read_text() + "\n// edited\n")
+    monkeypatch.setattr(render, "snippet_dir", lambda: copy)
+    after = sched.render(cfg)
+    assert before.snippet_hashes["ptx.cuh"] != after.snippet_hashes["ptx.cuh"]
+    assert compiler.cache_key(before) != compiler.cache_key(after)
+
+
+def test_resource_report_flags_problems():
+    log = ("ptxas info    : Used 168 registers, used 16 barriers\n"
+           "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas warning : (C7508) setmaxnreg ignored; unable to determine register count\n")
+    report = compiler.ResourceReport.parse(log)
+    problems = report.problems(smem_bytes=300000, smem_limit=232448)
+    assert any("local memory" in p for p in problems)
+    assert any("exceeds" in p for p in problems)
+    assert any("setmaxnreg" in p for p in problems)
+
+
+def test_compile_error_carries_the_log():
+    from hopmm import nvrtc
+
+    with pytest.raises(nvrtc.CompileError, match="undefined"):
+        nvrtc.compile_cubin("__global__ void k() { undefined_thing(); }", "bad.cu",
+                            compiler.NVRTC_OPTIONS)
