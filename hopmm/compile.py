@@ -14,6 +14,9 @@ from pathlib import Path
 
 from . import nvrtc, render
 
+# hopmm calls NVRTC itself (CuPy's compiler would append its own -arch=sm_90). Every kernel
+# holds wgmma and setmaxnreg, which ptxas accepts for sm_90a only, so a successful compile is
+# itself proof of the target; the CPU tests also read "code for sm_90a" from the SASS.
 ARCH_OPTION = "-arch=sm_90a"
 NVRTC_OPTIONS = (ARCH_OPTION, "-std=c++17", "--ptxas-options=-v", "-diag-suppress=177")
 

@@ -8,6 +8,22 @@ namespace hopmm {
 template <class Cfg>
 struct TmaProducer {
     typedef TileShape<Cfg> S;
+    static constexpr u32 kMnBoxBytes = kTmaBoxElems * S::kBlockK * kElemBytes;
+
+    // One operand's stage tile of ROWS (M or N) x kBlockK. MN-major: ROWS / 64 boxes of
+    // 64 MN x 64 K, one after the other (the layout desc_mn_major reads); K-major: one box of
+    // 64 K x ROWS.
+    template <bool MN_MAJOR, int ROWS>
+    __device__ __forceinline__ static void load_operand(unsigned char* tile, const TensorMap* map,
+                                                        u64* bar, int row0, int k0, int z) {
+        if (MN_MAJOR) {
+#pragma unroll
+            for (int i = 0; i < ROWS / kTmaBoxElems; ++i)
+                tma_load_3d(tile + i * kMnBoxBytes, map, bar, row0 + i * kTmaBoxElems, k0, z);
+        } else {
+            tma_load_3d(tile, map, bar, k0, row0, z);
+        }
+    }
 
     // `ring` counts k-blocks through the stage ring: stage = ring % kStages, and the parity of
     // that stage's current phase = (ring / kStages) & 1.
@@ -22,22 +38,8 @@ struct TmaProducer {
             mbar_wait(smem.empty_bar(s), phase ^ 1);
             mbar_arrive_expect_tx(smem.full_bar(s), S::kStageBytes);
             const int k0 = kb * S::kBlockK;
-            if (Cfg::kTransA) {  // A is M-major: boxes of 64 M x 64 K
-#pragma unroll
-                for (int i = 0; i < S::kBlockM / kTmaBoxElems; ++i)
-                    tma_load_3d(smem.a_tile(s) + i * (S::kABytes / (S::kBlockM / kTmaBoxElems)),
-                                map_a, smem.full_bar(s), m0 + i * kTmaBoxElems, k0, za);
-            } else {  // A is K-major: one box of 64 K x kBlockM rows
-                tma_load_3d(smem.a_tile(s), map_a, smem.full_bar(s), k0, m0, za);
-            }
-            if (Cfg::kTransB) {  // B is N-major: boxes of 64 N x 64 K
-#pragma unroll
-                for (int i = 0; i < S::kBlockN / kTmaBoxElems; ++i)
-                    tma_load_3d(smem.b_tile(s) + i * (S::kBBytes / (S::kBlockN / kTmaBoxElems)),
-                                map_b, smem.full_bar(s), n0 + i * kTmaBoxElems, k0, zb);
-            } else {  // B is K-major: one box of 64 K x kBlockN rows
-                tma_load_3d(smem.b_tile(s), map_b, smem.full_bar(s), k0, n0, zb);
-            }
+            load_operand<Cfg::kTransA, S::kBlockM>(smem.a_tile(s), map_a, smem.full_bar(s), m0, k0, za);
+            load_operand<Cfg::kTransB, S::kBlockN>(smem.b_tile(s), map_b, smem.full_bar(s), n0, k0, zb);
         }
     }
 };
