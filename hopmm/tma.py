@@ -52,7 +52,8 @@ TENSOR_MAP_DTYPE = np.dtype((np.void, TENSOR_MAP_BYTES))
 
 
 def _is_int(x):
-    # The type test is the fast path for plain ints; Integral admits numpy ints.
+    # `type(x) is int` first: validation runs on every matmul call and the
+    # ABC check (which admits numpy ints) is several times slower.
     return type(x) is int or (isinstance(x, Integral) and not isinstance(x, bool))
 
 
@@ -61,7 +62,7 @@ def _check_ints(name, values, count, count_rule, lo, hi, rule):
     if not isinstance(values, (tuple, list)) or len(values) != count:
         raise TmaError(f"{name} = {values!r}: must be a tuple of {count} ints ({count_rule})")
     for i, v in enumerate(values):
-        if not _is_int(v) or not lo <= v <= hi:
+        if not (type(v) is int or _is_int(v)) or not lo <= v <= hi:
             raise TmaError(f"{name}[{i}] = {v!r}: {rule}")
 
 
@@ -158,7 +159,8 @@ def encode(spec):
     """Validates spec and returns its 128-byte CUtensorMap.
 
     Raises TmaError for an invalid spec, RuntimeError without a CUDA driver or
-    when the driver rejects the map.
+    when the driver rejects the map. The driver needs a current CUDA context
+    (CuPy creates one with its first allocation).
     """
     spec.validate()
     return _tensormap.encode_tiled(*spec._driver_args())
@@ -166,8 +168,8 @@ def encode(spec):
 
 def encode_into(buf, offset, spec):
     """Like encode, but writes the map into the writable buffer buf at byte
-    offset (e.g. one slot of a numpy array of TENSOR_MAP_DTYPE), allocating
-    nothing. Raises ValueError if the 128 bytes do not fit."""
+    offset (e.g. one slot of a numpy array of TENSOR_MAP_DTYPE) instead of
+    returning a new bytes object. Raises ValueError if the 128 bytes do not fit."""
     spec.validate()
     _tensormap.encode_tiled_into(buf, offset, *spec._driver_args())
 

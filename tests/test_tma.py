@@ -6,6 +6,8 @@ import glob
 import os
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,6 +25,26 @@ GOOD = tma.TensorMapSpec(
     swizzle=128,
 )
 NO_DRIVER = not _tensormap.driver_available()
+
+
+def _gpu_count():
+    if NO_DRIVER:
+        return 0
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount()
+    except Exception:  # no device, or a CuPy/driver mismatch
+        return 0
+
+
+needs_gpu = pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA driver and a GPU")
+
+
+@pytest.fixture
+def cuda_context():
+    """The driver encodes only with a current context; a CuPy allocation makes one."""
+    import cupy
+    cupy.zeros(1)
 
 
 def bad(**changes):
@@ -294,18 +316,27 @@ def test_encode_into_rejects_read_only_or_strided_buffers(buf):
         tma.encode_into(buf, 0, GOOD)
 
 
-@pytest.mark.parametrize("offset", [0, 64, 128], ids=["first-slot", "unaligned", "last-slot"])
+IN_BOUNDS = pytest.mark.parametrize("offset", [0, 64, 128],
+                                    ids=["first-slot", "unaligned", "last-slot"])
+
+
+@IN_BOUNDS
+@pytest.mark.skipif(not NO_DRIVER, reason="a CUDA driver is present")
 def test_encode_into_in_bounds_offsets_pass_the_bounds_check(offset):
     buf = np.full(2 * tma.TENSOR_MAP_BYTES, 0xAB, np.uint8)
-    if NO_DRIVER:
-        with pytest.raises(RuntimeError, match="driver"):
-            tma.encode_into(buf, offset, GOOD)
-        assert (buf == 0xAB).all()
-    else:
+    with pytest.raises(RuntimeError, match="driver"):  # got past the bounds check
         tma.encode_into(buf, offset, GOOD)
-        assert bytes(buf[offset:offset + tma.TENSOR_MAP_BYTES]) == tma.encode(GOOD)
-        untouched = np.delete(buf, np.s_[offset:offset + tma.TENSOR_MAP_BYTES])
-        assert (untouched == 0xAB).all()
+    assert (buf == 0xAB).all()
+
+
+@IN_BOUNDS
+@needs_gpu
+def test_encode_into_writes_only_its_slot(cuda_context, offset):
+    buf = np.full(2 * tma.TENSOR_MAP_BYTES, 0xAB, np.uint8)
+    tma.encode_into(buf, offset, GOOD)
+    assert bytes(buf[offset:offset + tma.TENSOR_MAP_BYTES]) == tma.encode(GOOD)
+    untouched = np.delete(buf, np.s_[offset:offset + tma.TENSOR_MAP_BYTES])
+    assert (untouched == 0xAB).all()
 
 
 # --- kernel argument dtype ---------------------------------------------------
@@ -339,21 +370,8 @@ def test_as_kernel_arg_rejects_wrong_sizes(size):
 
 # --- with a GPU (skipped on CPU-only machines) -------------------------------
 
-def _gpu_count():
-    if NO_DRIVER:
-        return 0
-    try:
-        import cupy
-        return cupy.cuda.runtime.getDeviceCount()
-    except Exception:  # no device, or a CuPy/driver mismatch
-        return 0
-
-
-needs_gpu = pytest.mark.skipif(_gpu_count() == 0, reason="needs a CUDA driver and a GPU")
-
-
 @needs_gpu
-def test_encode_returns_128_bytes_for_a_device_array():
+def test_encode_returns_128_bytes_for_a_device_array(cuda_context):
     import cupy
     a = cupy.empty((4096, 4096), dtype=cupy.float16)
     spec = dataclasses.replace(GOOD, dtype="float16", address=a.data.ptr)
@@ -363,7 +381,7 @@ def test_encode_returns_128_bytes_for_a_device_array():
 
 
 @needs_gpu
-def test_driver_rejection_names_the_code_and_echoes_the_arguments():
+def test_driver_rejection_names_the_code_and_echoes_the_arguments(cuda_context):
     # Skip the Python validation to reach the driver with a box of 0.
     args = {**RAW_ARGS, "box": [64, 0]}
     with pytest.raises(RuntimeError) as info:
@@ -374,6 +392,26 @@ def test_driver_rejection_names_the_code_and_echoes_the_arguments():
                    "strides_bytes=[8192]", "box=[64, 0]", "swizzle=3", "l2_promotion=2",
                    "oob_fill=0"):
         assert echoed in message
+
+
+NO_CONTEXT_SCRIPT = """
+from hopmm import _tensormap
+try:
+    _tensormap.encode_tiled(9, 1 << 40, [64], [], [64], 0, 0, 0)
+except RuntimeError as e:
+    print(e)
+"""
+
+
+@needs_gpu
+def test_encode_without_a_context_raises_instead_of_crashing():
+    # A fresh process: the driver is loaded but no context exists yet.
+    done = subprocess.run([sys.executable, "-c", NO_CONTEXT_SCRIPT], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "needs a current CUDA context" in done.stdout
+    assert re.search(r"CUresult (3|201) \(CUDA_ERROR_(NOT_INITIALIZED|INVALID_CONTEXT)\)",
+                     done.stdout)
 
 
 # One thread loads one box with TMA (mbarrier-tracked), then the block copies
@@ -409,7 +447,7 @@ BOX_COLS, BOX_ROWS = 64, 32
 
 @needs_gpu
 @pytest.mark.parametrize("x, y", [(64, 32), (224, 240)], ids=["inside", "overhanging-edge"])
-def test_tma_load_with_encoded_map(x, y):
+def test_tma_load_with_encoded_map(cuda_context, x, y):
     import cupy
     rows, cols = 256, 256
     # TMA moves bytes, so distinct uint16 patterns stand in for float16 values.
