@@ -66,6 +66,10 @@ using EncodeTiledFn = CUresult (*)(CUtensorMap* tensor_map, int data_type, uint3
                                    const uint32_t* element_strides, int interleave, int swizzle,
                                    int l2_promotion, int oob_fill);
 using GetErrorFn = CUresult (*)(CUresult error, const char** text);
+using LaunchKernelFn = CUresult (*)(void* function, uint32_t grid_x, uint32_t grid_y,
+                                    uint32_t grid_z, uint32_t block_x, uint32_t block_y,
+                                    uint32_t block_z, uint32_t shared_mem_bytes, void* stream,
+                                    void** kernel_params, void** extra);
 
 const char kDriverLibrary[] = "libcuda.so.1";
 const char kNoDriverMessage[] =
@@ -74,6 +78,7 @@ const char kNoDriverMessage[] =
 struct Driver {
     EncodeTiledFn encode_tiled = nullptr;
     GetErrorFn get_error_name = nullptr;
+    LaunchKernelFn launch_kernel = nullptr;
 };
 
 Driver load_driver() {
@@ -83,6 +88,7 @@ Driver load_driver() {
     if (lib == nullptr) return d;
     d.encode_tiled = reinterpret_cast<EncodeTiledFn>(dlsym(lib, "cuTensorMapEncodeTiled"));
     d.get_error_name = reinterpret_cast<GetErrorFn>(dlsym(lib, "cuGetErrorName"));
+    d.launch_kernel = reinterpret_cast<LaunchKernelFn>(dlsym(lib, "cuLaunchKernel"));
     return d;
 }
 
@@ -244,6 +250,78 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
     std::memcpy(static_cast<char*>(b.view.buf) + offset, &map, kTensorMapBytes);
 }
 
+// A kernel launch that repeats with new base addresses only. The tensor-map templates, the
+// grid and the scalar arguments are parsed and checked once; each launch() then encodes the
+// maps on its own stack (so concurrent launches share nothing) and calls cuLaunchKernel. The
+// kernel's parameters are the maps, in order, followed by the 32-bit integers.
+class KernelLaunch {
+  public:
+    static constexpr size_t kMaxMaps = 4;
+    static constexpr size_t kMaxInts = 16;
+
+    KernelLaunch(uint64_t function, const py::sequence& grid, uint32_t block_x,
+                 uint32_t shared_mem_bytes, const py::sequence& map_templates,
+                 const py::sequence& ints)
+        : function_(reinterpret_cast<void*>(function)), block_x_(block_x),
+          shared_mem_(shared_mem_bytes) {
+        if (read_ints(grid, "grid", grid_) != grid_.size()) throw py::value_error("grid: 3 ints");
+        n_maps_ = map_templates.size();
+        if (n_maps_ > kMaxMaps) throw py::value_error("at most 4 tensor maps");
+        for (size_t i = 0; i < n_maps_; ++i) {
+            // (data_type, dims, strides_bytes, box, swizzle, l2_promotion, oob_fill)
+            const py::sequence t = map_templates[i].cast<py::sequence>();
+            if (t.size() != 7) throw py::value_error("a map template has 7 fields");
+            templates_[i] = parse_args(t[0].cast<int>(), 0, t[1].cast<py::sequence>(),
+                                       t[2].cast<py::sequence>(), t[3].cast<py::sequence>(),
+                                       t[4].cast<int>(), t[5].cast<int>(), t[6].cast<int>());
+        }
+        n_ints_ = read_ints(ints, "ints", ints_);
+    }
+
+    void launch(uint64_t stream, const py::args& addresses) const {
+        if (addresses.size() != n_maps_) {
+            throw py::value_error("launch: one base address per tensor map");
+        }
+        const Driver& d = driver();
+        if (d.launch_kernel == nullptr) throw std::runtime_error(kNoDriverMessage);
+        CUtensorMap maps[kMaxMaps];
+        void* params[kMaxMaps + kMaxInts];
+        for (size_t i = 0; i < n_maps_; ++i) {
+            TiledArgs a = templates_[i];
+            a.address = addresses[i].cast<uint64_t>();
+            encode(a, &maps[i]);
+            params[i] = &maps[i];
+        }
+        int32_t ints[kMaxInts];
+        for (size_t i = 0; i < n_ints_; ++i) {
+            ints[i] = ints_[i];
+            params[n_maps_ + i] = &ints[i];
+        }
+        const CUresult rc = d.launch_kernel(function_, grid_[0], grid_[1], grid_[2], block_x_, 1,
+                                            1, shared_mem_, reinterpret_cast<void*>(stream),
+                                            params, nullptr);
+        if (rc != kCudaSuccess) {
+            const char* name = nullptr;
+            if (d.get_error_name == nullptr || d.get_error_name(rc, &name) != kCudaSuccess ||
+                name == nullptr) {
+                name = "unknown error";
+            }
+            throw std::runtime_error("cuLaunchKernel failed with CUresult " + std::to_string(rc) +
+                                     " (" + name + ")");
+        }
+    }
+
+  private:
+    void* function_;
+    std::array<uint32_t, 3> grid_{};
+    uint32_t block_x_;
+    uint32_t shared_mem_;
+    size_t n_maps_ = 0;
+    std::array<TiledArgs, kMaxMaps> templates_{};
+    size_t n_ints_ = 0;
+    std::array<int32_t, kMaxInts> ints_{};
+};
+
 }  // namespace
 
 PYBIND11_MODULE(_tensormap, m) {
@@ -281,4 +359,11 @@ PYBIND11_MODULE(_tensormap, m) {
     m.attr("L2_PROMOTION_256B") = kL2Promotion256B;
     m.attr("OOB_FILL_NONE") = kOobFillNone;
     m.attr("OOB_FILL_NAN_REQUEST_ZERO_FMA") = kOobFillNanRequestZeroFma;
+    py::class_<KernelLaunch>(m, "KernelLaunch",
+                             "A repeatable launch: tensor-map templates + grid + scalar args.")
+        .def(py::init<uint64_t, const py::sequence&, uint32_t, uint32_t, const py::sequence&,
+                      const py::sequence&>(),
+             py::arg("function"), py::arg("grid"), py::arg("block_x"),
+             py::arg("shared_mem_bytes"), py::arg("map_templates"), py::arg("ints"))
+        .def("launch", &KernelLaunch::launch, py::arg("stream"));
 }

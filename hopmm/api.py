@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import device as device_mod
-from . import heuristics, launch, layout
+from . import fastpath, heuristics, launch, layout
 from .problem import KERNEL_DTYPES, Problem
 
 STRICT_ENV = "HOPMM_STRICT"
@@ -122,6 +122,12 @@ def matmul(a, b, out=None):
     """Matrix product with the semantics of cupy.matmul (and numpy.matmul)."""
     import cupy
 
+    k = fastpath.key(a, b, out)
+    recipe = fastpath.lookup(k) if k is not None else None
+    if recipe is not None:
+        result = recipe.run(a, b, out)
+        if result is not None:
+            return result
     p = plan(a, b, out)
     if p.path == "cupy.matmul":
         if os.environ.get(STRICT_ENV, "") not in ("", "0"):
@@ -135,7 +141,7 @@ def matmul(a, b, out=None):
         result.fill(0)
         return result
     with a.device:
-        _run_kernel(p, a, b, result, out is not None)
+        _run_kernel(p, a, b, result, out is not None, k)
     return result
 
 
@@ -154,7 +160,7 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     return KernelCall(a3, a_map, b3, b_map, problem, choice, copies)
 
 
-def _run_kernel(p: Plan, a, b, result, user_out: bool) -> None:
+def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     import cupy
 
     s = p.shapes
@@ -169,9 +175,18 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool) -> None:
     else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
         c3 = cupy.empty((s.batch, s.m, layout.padded(s.n, result.itemsize)),
                         dtype=result.dtype)[:, :, : s.n]
-    launch.run(call.choice, call.problem, call.a3, call.a_map, call.b3, call.b_map, c3)
+    launches = launch.build_launches(call.choice, call.problem, call.a3, call.a_map, call.b3,
+                                     call.b_map, c3)
+    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
     if not direct:
         result[...] = c3.reshape(s.out_shape)
+    # Remember the launches when a later call can repeat them on its own base addresses:
+    # operands read in place (views share the caller's base pointer) and a direct store.
+    in_place = (call.a3.data.ptr == a.data.ptr and call.b3.data.ptr == b.data.ptr
+                and not call.copies and direct and c3.data.ptr == result.data.ptr)
+    if recipe_key is not None and in_place and min(a.strides + b.strides + (0,)) >= 0:
+        fastpath.remember(recipe_key, fastpath.Recipe(s.out_shape, result.dtype, launches,
+                                                      fastpath.span(a), fastpath.span(b)))
 
 
 def explain(a, b, out=None) -> str:

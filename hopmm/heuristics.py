@@ -11,6 +11,9 @@ from .schedules import SCHEDULES, KernelConfig, WarpSpecializedSchedule
 
 # Fewer pipeline stages than this cannot hide TMA latency behind the tensor cores.
 MIN_STAGES = 2
+# M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
+# rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
+RASTER_GROUP_M = 16
 
 
 @dataclass(frozen=True)
@@ -18,6 +21,7 @@ class Choice:
     schedule: type
     config: KernelConfig
     reason: str
+    raster_group: int = 1   # M-tiles per group of the tile order (see tile_raster.cuh)
 
 
 def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
@@ -52,5 +56,6 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
                            f"per block is too little for a {cfg.block_m}x{cfg.block_n} tile")
     cfg = KernelConfig(dtype=problem.dtype, block_n=cfg.block_n, stages=stages, trans_a=trans_a,
                        trans_b=trans_b)
-    return Choice(sched, cfg, f"{why}; {stages} stages fit in "
-                              f"{device.smem_per_block_optin} B of shared memory")
+    group = min(RASTER_GROUP_M, -(-problem.m // cfg.block_m))
+    return Choice(sched, cfg, f"{why}; {stages} stages fit in {device.smem_per_block_optin} B "
+                              f"of shared memory; tiles in groups of {group} M-tiles", group)

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import functools
 
-import numpy as np
-
 from . import compile as compiler
 from . import layout, tma
 from .heuristics import Choice
@@ -72,21 +70,24 @@ def matrix_spec(x3, major: str, box_rows: int) -> tma.TensorMapSpec:
                              box=(TMA_BOX_ELEMS, box_rows, 1))
 
 
-def run(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3, b_map: BatchMapping,
-        c3) -> None:
-    """C3 = A3 @ B3 over the broadcast batch. A3/B3 are TMA-readable (prepare_operand) in the
-    layout `problem` names; C3 is row-major and TMA-storable (layout.store_ok)."""
+def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
+                   b_map: BatchMapping, c3) -> list:
+    """Launches computing C3 = A3 @ B3 over the broadcast batch (one per chunk of at most
+    65535 batches). A3/B3 are TMA-readable (prepare_operand) in the layout `problem` names;
+    C3 is row-major and TMA-storable (layout.store_ok). Each launch takes the base addresses
+    of A3, B3 and C3, so it can be repeated on other arrays of the same shape and strides."""
     import cupy
+
+    from ._tensormap import KernelLaunch
 
     cfg, sched = choice.config, choice.schedule
     kernel_info = compiled(sched, cfg)
     smem = sched.smem_bytes(cfg)
-    device = cupy.cuda.Device()
-    limit = query(device.id).smem_per_block_optin
-    problems = kernel_info.report.problems(smem, limit)
+    device_id = cupy.cuda.Device().id
+    problems = kernel_info.report.problems(smem, query(device_id).smem_per_block_optin)
     if problems:
         raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
-    kernel = _loaded(str(kernel_info.cubin_path), kernel_info.name, smem, device.id)
+    kernel = _loaded(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
 
     # A: K-major -> one box of (64 k, block_m rows); M-major -> boxes of (64 m, 64 k).
     spec_a = (matrix_spec(a3, "rows", cfg.block_k) if cfg.trans_a
@@ -95,11 +96,22 @@ def run(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3, b_map: Ba
     spec_b = (matrix_spec(b3, "cols", cfg.block_k) if cfg.trans_b
               else matrix_spec(b3, "rows", cfg.block_n))
     spec_c = matrix_spec(c3, "cols", TMA_BOX_ELEMS)
-    map_a, map_b, map_c = (tma.as_kernel_arg(tma.encode(s)) for s in (spec_a, spec_b, spec_c))
+    templates = []
+    for spec in (spec_a, spec_b, spec_c):
+        spec.validate()  # everything but the address is fixed for every later launch
+        templates.append((tma.DATA_TYPES[spec.dtype], spec.dims, spec.strides_bytes, spec.box,
+                          tma.SWIZZLE[spec.swizzle], spec.l2_promotion, spec.oob_fill))
     gx, gy, _ = sched.grid(problem, cfg)
-    for z0, count in layout.batch_chunks(problem.batch):
-        kernel((gx, gy, count), (sched.threads(cfg),),
-               (map_a, map_b, map_c, np.int32(problem.k), np.int32(z0),
-                np.int32(a_map.div), np.int32(a_map.mod), np.int32(b_map.div),
-                np.int32(b_map.mod)),
-               shared_mem=smem)
+    tiles_m, tiles_n = sched.tiles(problem, cfg)
+    return [KernelLaunch(kernel.kernel.ptr, (gx, gy, count), sched.threads(cfg), smem, templates,
+                         (problem.k, z0, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
+                          tiles_n, choice.raster_group))
+            for z0, count in layout.batch_chunks(problem.batch)]
+
+
+def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int) -> None:
+    import cupy
+
+    stream = cupy.cuda.get_current_stream().ptr
+    for kernel_launch in launches:
+        kernel_launch.launch(stream, a_ptr, b_ptr, c_ptr)

@@ -122,3 +122,13 @@ def padded(cols: int, itemsize: int) -> int:
 def batch_chunks(batch: int) -> list[tuple[int, int]]:
     """(offset, count) launches covering `batch` output slices within gridDim.z's limit."""
     return [(z, min(MAX_GRID_Z, batch - z)) for z in range(0, batch, MAX_GRID_Z)]
+
+
+def grouped_raster(t: int, tiles_m: int, tiles_n: int, group: int) -> tuple[int, int]:
+    """(m_tile, n_tile) of linear tile t: the order of GroupedRaster in tile_raster.cuh.
+    Tiles are visited in groups of `group` M-tiles, column by column inside a group."""
+    per_group = group * tiles_n
+    first_m = (t // per_group) * group
+    rows = min(tiles_m - first_m, group)
+    in_group = t % per_group
+    return first_m + in_group % rows, in_group // rows

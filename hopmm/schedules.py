@@ -55,7 +55,8 @@ class WarpSpecializedSchedule:
 
     name = "warp_specialized"
     snippets = ["ptx.cuh", "wgmma.cuh", "tile_config.cuh", "producer_tma.cuh",
-                "consumer_wgmma.cuh", "epilogue_tma_store.cuh", "kernel_warp_specialized.cuh"]
+                "consumer_wgmma.cuh", "epilogue_tma_store.cuh", "tile_raster.cuh",
+                "kernel_warp_specialized.cuh"]
     slots = {
         "SKELETON": "hopmm::warp_specialized_gemm",
         "PRODUCER": "hopmm::TmaProducer",
@@ -90,8 +91,15 @@ class WarpSpecializedSchedule:
         return (1 + cfg.consumers) * WARPGROUP_THREADS
 
     @staticmethod
-    def grid(problem: Problem, cfg: KernelConfig) -> tuple[int, int, int]:
-        return (-(-problem.n // cfg.block_n), -(-problem.m // cfg.block_m), problem.batch)
+    def tiles(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
+        """(M tiles, N tiles) of one batch slice."""
+        return -(-problem.m // cfg.block_m), -(-problem.n // cfg.block_n)
+
+    @classmethod
+    def grid(cls, problem: Problem, cfg: KernelConfig) -> tuple[int, int, int]:
+        """One CTA per tile: x is the linear tile index (ordered by the raster), z the batch."""
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return (tiles_m * tiles_n, 1, problem.batch)
 
     @classmethod
     def kernel_name(cls, cfg: KernelConfig) -> str:

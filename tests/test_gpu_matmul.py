@@ -232,3 +232,44 @@ def test_bitwise_deterministic(dtype):
     a, b = rand((1000, 700), dtype), rand((700, 1030), dtype)
     r1, r2 = hopmm.matmul(a, b), hopmm.matmul(a, b)
     assert bool(cupy.array_equal(r1.view(cupy.uint16), r2.view(cupy.uint16)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_repeat_calls_take_the_fast_path_with_new_data(dtype):
+    """Later calls of one shape reuse the first call's launches on their own arrays."""
+    from hopmm import fastpath
+
+    import hopmm
+
+    fastpath.clear()
+    for _ in range(3):
+        a, b = rand((384, 320), dtype), rand((320, 512), dtype)
+        out = poisoned_out(a, b)
+        hopmm.matmul(a, b, out=out)
+        assert rel_err(out, a, b) < TOL[dtype]
+        fresh = hopmm.matmul(a, b)
+        assert rel_err(fresh, a, b) < TOL[dtype]
+    assert len(fastpath._recipes) == 2  # one for out=, one for a fresh result
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fast_path_declines_an_overlapping_out(dtype):
+    import hopmm
+
+    a, b = rand((256, 256), dtype), rand((256, 256), dtype)
+    hopmm.matmul(a, b, out=rand((256, 256), dtype))   # remembered with a separate out
+    a0 = a.copy()
+    hopmm.matmul(a, b, out=a)                          # same key, but out is a
+    assert rel_err(a, a0, b) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fast_path_respects_alignment(dtype):
+    """Same shape and strides, but a base 2 bytes off 16-byte alignment: not the same call."""
+    import hopmm
+
+    big = rand((300, 264), dtype)
+    aligned, shifted = big[:, :256], big[:, 1:257]
+    b = rand((256, 128), dtype)
+    check(aligned, b, dtype)
+    check(shifted, b, dtype)

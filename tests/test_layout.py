@@ -81,3 +81,16 @@ def test_batch_chunks_cover_within_grid_limit(batch):
     assert all(0 < n <= layout.MAX_GRID_Z for _, n in chunks)
     covered = list(itertools.chain.from_iterable(range(z, z + n) for z, n in chunks))
     assert covered == list(range(batch))
+
+
+@pytest.mark.parametrize("tiles_m,tiles_n,group", [(1, 1, 1), (32, 112, 16), (17, 5, 16),
+                                                   (64, 32, 16), (5, 7, 3), (40, 3, 16)])
+def test_grouped_raster_visits_every_tile_once(tiles_m, tiles_n, group):
+    order = [layout.grouped_raster(t, tiles_m, tiles_n, group) for t in range(tiles_m * tiles_n)]
+    assert sorted(order) == [(m, n) for m in range(tiles_m) for n in range(tiles_n)]
+
+
+def test_grouped_raster_keeps_a_wave_compact():
+    """The first 132 tiles of a 32 x 112 grid touch at most 16 M-tiles and 9 N-tiles."""
+    wave = [layout.grouped_raster(t, 32, 112, 16) for t in range(132)]
+    assert len({m for m, _ in wave}) == 16 and len({n for _, n in wave}) <= 9

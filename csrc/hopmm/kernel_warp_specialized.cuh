@@ -1,8 +1,10 @@
-// Kernel skeleton: warp-specialized, one output tile per CTA. Warpgroup 0 is the producer
+// Kernel skeleton: warp-specialized, one output tile per CTA, tiles visited in the raster's
+// order (blockIdx.x is the linear tile index, blockIdx.z the batch). Warpgroup 0 is the producer
 // (setmaxnreg.dec), warpgroups 1..kConsumers are consumers (setmaxnreg.inc); the slots
 // Producer / Consumer / Epilogue are filled by the schedule that renders the kernel.
 #pragma once
 #include "tile_config.cuh"
+#include "tile_raster.cuh"
 
 namespace hopmm {
 
@@ -10,7 +12,8 @@ template <class Cfg, class Producer, class Consumer, class Epilogue>
 __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, const TensorMap* map_b,
                                                       const TensorMap* map_c, int k,
                                                       int batch_offset,
-                                                      BatchMap batch_a, BatchMap batch_b) {
+                                                      BatchMap batch_a, BatchMap batch_b,
+                                                      GroupedRaster raster) {
     typedef TileShape<Cfg> S;
     extern __shared__ unsigned char smem_raw[];
     SharedStorage<Cfg> smem;
@@ -31,8 +34,10 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
     }
     __syncthreads();
 
-    const int m0 = blockIdx.y * S::kBlockM;
-    const int n0 = blockIdx.x * S::kBlockN;
+    int m_tile, n_tile;
+    raster.tile(blockIdx.x, m_tile, n_tile);
+    const int m0 = m_tile * S::kBlockM;
+    const int n0 = n_tile * S::kBlockN;
     const int z = batch_offset + blockIdx.z;  // grids hold at most 65535 batches
     const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
     int ring = 0;
