@@ -1,6 +1,6 @@
 """hopmm: fast matrix products on NVIDIA Hopper (sm_90a) for CuPy arrays."""
-from .api import FallbackError, explain, matmul, plan
+from .api import FallbackError, explain, matmul, plan, use_schedule
 from .problem import Problem
 
-__all__ = ["matmul", "explain", "plan", "Problem", "FallbackError"]
+__all__ = ["matmul", "explain", "plan", "use_schedule", "Problem", "FallbackError"]
 __version__ = "0.1.0"

@@ -11,6 +11,10 @@ from . import fastpath, heuristics, launch, layout
 from .problem import KERNEL_DTYPES, Problem
 
 STRICT_ENV = "HOPMM_STRICT"
+SCHEDULE_ENV = "HOPMM_SCHEDULE"
+
+# A schedule forced by the user (use_schedule or HOPMM_SCHEDULE), else the heuristic's choice.
+_schedule_override = os.environ.get(SCHEDULE_ENV) or None
 
 
 class FallbackError(RuntimeError):
@@ -34,6 +38,17 @@ class KernelCall:
     problem: Problem
     choice: heuristics.Choice
     copies: list = field(default_factory=list)  # operands copied to be TMA-readable
+
+
+def use_schedule(name: str | None) -> None:
+    """Run every kernel call on schedule `name` (None: let the heuristic choose)."""
+    global _schedule_override
+    from .schedules import SCHEDULES
+
+    if name is not None and name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; known: {sorted(SCHEDULES)}")
+    _schedule_override = name
+    fastpath.clear()  # remembered launches were built for the previous choice
 
 
 def _is_cupy_array(x) -> bool:
@@ -155,7 +170,7 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
                       dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
                       b_major="n" if b_axis == "cols" else "k")
-    choice = heuristics.choose(problem, device_mod.query(a.device.id))
+    choice = heuristics.choose(problem, device_mod.query(a.device.id), _schedule_override)
     copies = [name for name, copied in (("a", a_copied), ("b", b_copied)) if copied]
     return KernelCall(a3, a_map, b3, b_map, problem, choice, copies)
 
@@ -200,12 +215,15 @@ def explain(a, b, out=None) -> str:
     if p.path == "kernel":
         with a.device:
             call = _kernel_call(a, b, p.shapes)
+        dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
                   f"schedule: {c.schedule.name}",
                   f"kernel: {c.schedule.kernel_name(c.config)}",
-                  f"grid: {c.schedule.grid(prob, c.config)}, {c.schedule.threads(c.config)} "
-                  f"threads, {c.schedule.smem_bytes(c.config)} B shared memory",
+                  f"grid: {c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count)}, "
+                  f"{c.schedule.threads(c.config)} threads, {c.schedule.smem_bytes(c.config)} B "
+                  f"shared memory (separate epilogue tile"
+                  + (", stores overlap the next tile)" if c.schedule.overlap_store else ")"),
                   f"heuristic: {c.reason}"]
     return "\n".join(lines)

@@ -30,6 +30,8 @@ def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) -> Choice:
+    # Until the persistent schedule has been measured against this one on the GPU, the
+    # heuristic keeps the verified one-tile-per-CTA kernel; the other is chosen by name.
     sched = SCHEDULES[schedule or WarpSpecializedSchedule.name]
     trans_a, trans_b = problem.a_major == "m", problem.b_major == "n"
     # A 256-wide tile halves the B traffic per flop of a 128-wide one, but only pays while

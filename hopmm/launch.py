@@ -101,11 +101,12 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         spec.validate()  # everything but the address is fixed for every later launch
         templates.append((tma.DATA_TYPES[spec.dtype], spec.dims, spec.strides_bytes, spec.box,
                           tma.SWIZZLE[spec.swizzle], spec.l2_promotion, spec.oob_fill))
-    gx, gy, _ = sched.grid(problem, cfg)
     tiles_m, tiles_n = sched.tiles(problem, cfg)
-    return [KernelLaunch(kernel.kernel.ptr, (gx, gy, count), sched.threads(cfg), smem, templates,
-                         (problem.k, z0, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
-                          tiles_n, choice.raster_group))
+    sm_count = query(device_id).sm_count
+    return [KernelLaunch(kernel.kernel.ptr, sched.grid(problem, cfg, count, sm_count),
+                         sched.threads(cfg), smem, templates,
+                         (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod,
+                          tiles_m, tiles_n, choice.raster_group))
             for z0, count in layout.batch_chunks(problem.batch)]
 
 

@@ -51,19 +51,25 @@ class KernelConfig:
 
 class WarpSpecializedSchedule:
     """One 128 x N output tile per CTA; warpgroup 0 loads with TMA (setmaxnreg.dec), two
-    consumer warpgroups run the wgmma pipeline and store through stmatrix + TMA."""
+    consumer warpgroups share the tile (cooperative), run the wgmma pipeline and store
+    through stmatrix + TMA."""
 
     name = "warp_specialized"
-    snippets = ["ptx.cuh", "wgmma.cuh", "tile_config.cuh", "producer_tma.cuh",
-                "consumer_wgmma.cuh", "epilogue_tma_store.cuh", "tile_raster.cuh",
-                "kernel_warp_specialized.cuh"]
+    skeleton = "kernel_warp_specialized.cuh"
     slots = {
         "SKELETON": "hopmm::warp_specialized_gemm",
         "PRODUCER": "hopmm::TmaProducer",
         "CONSUMER": "hopmm::WgmmaConsumer",
         "EPILOGUE": "hopmm::TmaStoreEpilogue",
     }
+    # Whether a CTA's TMA store stays in flight while the CTA goes on to its next tile.
+    overlap_store = False
     block_ns = (128, 256)
+
+    @classmethod
+    def snippets(cls) -> list[str]:
+        return ["ptx.cuh", "wgmma.cuh", "tile_config.cuh", "producer_tma.cuh",
+                "consumer_wgmma.cuh", "epilogue_tma_store.cuh", "tile_raster.cuh", cls.skeleton]
 
     # -- shared-memory plan (mirrors TileShape in tile_config.cuh; the kernel static_asserts
     #    that both agree) --
@@ -96,10 +102,11 @@ class WarpSpecializedSchedule:
         return -(-problem.m // cfg.block_m), -(-problem.n // cfg.block_n)
 
     @classmethod
-    def grid(cls, problem: Problem, cfg: KernelConfig) -> tuple[int, int, int]:
+    def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+             sm_count: int) -> tuple[int, int, int]:
         """One CTA per tile: x is the linear tile index (ordered by the raster), z the batch."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
-        return (tiles_m * tiles_n, 1, problem.batch)
+        return (tiles_m * tiles_n, 1, batch_count)
 
     @classmethod
     def kernel_name(cls, cfg: KernelConfig) -> str:
@@ -111,9 +118,10 @@ class WarpSpecializedSchedule:
             "kBlockM": cfg.block_m, "kBlockN": cfg.block_n, "kBlockK": cfg.block_k,
             "kStages": cfg.stages, "kConsumers": cfg.consumers,
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
-            "kTransB": int(cfg.trans_b), "kSmemBytesExpected": cls.smem_bytes(cfg),
+            "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
+            "kSmemBytesExpected": cls.smem_bytes(cfg),
         }
-        return render.render_kernel(cls.kernel_name(cfg), cls.snippets, fields,
+        return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
                                     dict(cls.slots, THREADS=str(cls.threads(cfg))))
 
     @classmethod
@@ -128,4 +136,21 @@ class WarpSpecializedSchedule:
         return out
 
 
-SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule,)}
+class PersistentSchedule(WarpSpecializedSchedule):
+    """The same slots in a persistent skeleton: at most one CTA per SM walks the tiles, the
+    producer runs ahead into the next tile while the consumers store this one, and the stage
+    ring carries across tiles (seed 003)."""
+
+    name = "persistent"
+    skeleton = "kernel_persistent.cuh"
+    slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::persistent_gemm")
+    overlap_store = True
+
+    @classmethod
+    def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+             sm_count: int) -> tuple[int, int, int]:
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return (min(sm_count, tiles_m * tiles_n * batch_count), 1, 1)
+
+
+SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule)}

@@ -29,3 +29,14 @@ def test_main_job_cpu_report_lists_every_kernel(capsys):
     for sched in SCHEDULES.values():
         for cfg in sched.configs(H100_SXM.smem_per_block_optin):
             assert sched.kernel_name(cfg) in out
+
+
+def test_use_schedule_validates_and_clears_remembered_launches():
+    from hopmm import fastpath
+
+    fastpath._recipes["stale"] = object()
+    with pytest.raises(ValueError, match="unknown schedule"):
+        hopmm.use_schedule("no_such_schedule")
+    hopmm.use_schedule("persistent")
+    assert "stale" not in fastpath._recipes
+    hopmm.use_schedule(None)

@@ -14,10 +14,23 @@ DTYPES = ["bfloat16", "float16"]
 EDGE = [1, 17, 100, 1000, 1023, 4097]
 
 
+SCHEDULE_NAMES = ["warp_specialized", "persistent"]
+
+
 @pytest.fixture(autouse=True)
 def _strict(monkeypatch):
     """Every call in these tests must run on hopmm's kernels unless a test says otherwise."""
     monkeypatch.setenv("HOPMM_STRICT", "1")
+
+
+@pytest.fixture(autouse=True, params=SCHEDULE_NAMES)
+def schedule(request):
+    """Every test runs on every schedule (forced; the heuristic is tested on the CPU)."""
+    import hopmm
+
+    hopmm.use_schedule(request.param)
+    yield request.param
+    hopmm.use_schedule(None)
 
 
 def rand(shape, dtype):
@@ -68,7 +81,9 @@ def test_edge_sizes(dim, size, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("m,n,k", [(4097, 4097, 4097), (1023, 1000, 17), (17, 4097, 1023),
-                                   (1, 1, 1), (2048, 2048, 2048), (128, 256, 64)])
+                                   (1, 1, 1), (2048, 2048, 2048), (128, 256, 64),
+                                   (8192, 8192, 256),     # 2048 tiles: ~16 per SM
+                                   (384, 640, 2000)])     # 15 tiles: most SMs idle
 def test_mixed_sizes(m, n, k, dtype):
     check(rand((m, k), dtype), rand((k, n), dtype), dtype)
 
@@ -216,11 +231,11 @@ def test_fallback_visible_and_strict(monkeypatch):
                                rtol=1e-5, atol=1e-4)
 
 
-def test_explain_kernel_path():
+def test_explain_kernel_path(schedule):
     import hopmm
 
     text = hopmm.explain(rand((4096, 4096), "bfloat16"), rand((4096, 4096), "bfloat16"))
-    assert "path: kernel" in text and "warp_specialized" in text and "128x256" in text
+    assert "path: kernel" in text and f"schedule: {schedule}" in text and "128x256" in text
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -51,3 +51,18 @@ def test_problem_validates(field, value):
     kwargs[field] = value
     with pytest.raises(ValueError, match=field):
         Problem(**kwargs)
+
+
+def test_raster_groups_m_tiles():
+    assert choose(4096, 28672, 8192).raster_group == heuristics.RASTER_GROUP_M
+    assert choose(100, 28672, 8192).raster_group == 1
+
+
+def test_schedule_by_name():
+    from hopmm.schedules import PersistentSchedule
+
+    c = heuristics.choose(Problem(8192, 8192, 8192, 1, "bfloat16", "k", "n"), H100_SXM,
+                          "persistent")
+    assert c.schedule is PersistentSchedule
+    assert c.schedule.grid(Problem(8192, 8192, 8192, 1, "bfloat16", "k", "n"), c.config, 1,
+                           H100_SXM.sm_count) == (H100_SXM.sm_count, 1, 1)

@@ -50,8 +50,14 @@ def test_pipeline_structure(compiled):
     assert consumer.count("wgmma_wait_group<1>();") == 1
     assert consumer.count("wgmma_wait_group<0>();") == 1
     epilogue = src[src.index("static void store("):]
-    fence = epilogue.index("fence_proxy_async_smem();")
-    assert fence < epilogue.index("named_barrier_sync(") < epilogue.index("if (thread == 0)")
+    body = epilogue[:epilogue.index("tma_store_3d(")]
+    fence, stage = body.index("fence_proxy_async_smem();"), body.index("stage(acc")
+    assert stage < fence < body.rindex("named_barrier_sync(")
+
+    def indent(i):
+        return i - body.rindex("\n", 0, i) - 1
+
+    assert indent(fence) == indent(stage), "the fence must not sit under a predicate"
 
 
 def test_rendered_source_names_snippet_hashes():
@@ -59,7 +65,7 @@ def test_rendered_source_names_snippet_hashes():
     kernel = sched.render(cfg)
     for name, digest in kernel.snippet_hashes.items():
         assert f"{name}@{digest[:16]}" in kernel.source.splitlines()[0]
-    assert set(kernel.snippet_hashes) >= set(sched.snippets)
+    assert set(kernel.snippet_hashes) >= set(sched.snippets())
 
 
 def test_cache_key_changes_when_a_snippet_changes(tmp_path, monkeypatch):

@@ -40,24 +40,35 @@ struct TmaStoreEpilogue {
         }
     }
 
+    // The store is left in flight (finish() waits for it). With Cfg::kOverlapStore (persistent
+    // kernels) the next tile's main loop runs meanwhile, and before the staging tile is written
+    // again the previous store must have finished reading it.
     template <int NREG>
     __device__ __forceinline__ static void store(const float (&acc)[NREG], const TensorMap* map_c,
                                                  const SharedStorage<Cfg>& smem, int consumer,
                                                  int thread, int row0, int n0, int z) {
+        const u32 barrier = kBarrierEpilogueBase + consumer;
+        if (Cfg::kOverlapStore) {
+            if (thread == 0) bulk_wait_group_read_0();
+            named_barrier_sync(barrier, kWarpgroupThreads);
+        }
         const u32 tile = smem_addr(smem.c_tile(consumer));
         stage(acc, tile, thread);
         fence_proxy_async_smem();
-        named_barrier_sync(kBarrierEpilogueBase + consumer, kWarpgroupThreads);
+        named_barrier_sync(barrier, kWarpgroupThreads);
         if (thread == 0) {
 #pragma unroll
             for (int box = 0; box < S::kBlockN / kTmaBoxElems; ++box)
                 tma_store_3d(map_c, smem.c_tile(consumer) + box * S::kCBoxBytes,
                              n0 + box * kTmaBoxElems, row0, z);
             bulk_commit_group();
-            // Shared memory must stay valid until the store has read it, and the grid's
-            // writes must be complete when the kernel ends.
-            bulk_wait_group_0();
         }
+    }
+
+    // Before the CTA exits: shared memory must stay valid until the last store has read it,
+    // and the grid's writes must be complete when the kernel ends.
+    __device__ __forceinline__ static void finish(int thread) {
+        if (thread == 0) bulk_wait_group_0();
     }
 };
 

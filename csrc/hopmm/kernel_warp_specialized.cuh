@@ -11,7 +11,7 @@ namespace hopmm {
 template <class Cfg, class Producer, class Consumer, class Epilogue>
 __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, const TensorMap* map_b,
                                                       const TensorMap* map_c, int k,
-                                                      int batch_offset,
+                                                      int batch_offset, int /*batch_count: gridDim.z*/,
                                                       BatchMap batch_a, BatchMap batch_b,
                                                       GroupedRaster raster) {
     typedef TileShape<Cfg> S;
@@ -53,6 +53,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
         consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
         Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
                         m0 + consumer * S::kWgmmaM, n0, z);
+        Epilogue::finish(thread);
     }
 }
 

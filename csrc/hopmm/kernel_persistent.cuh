@@ -1,0 +1,71 @@
+// Kernel skeleton: persistent and warp-specialized (seed 003). At most one CTA per SM walks
+// the output tiles t = blockIdx.x, blockIdx.x + gridDim.x, ... (batch slice after batch slice,
+// each slice in the raster's order). The producer warpgroup runs its own tile x k-block loop
+// and is limited only by free stages, so the next tile's loads overlap this tile's epilogue;
+// the consumer warpgroups run theirs over the same tile sequence. The stage ring and its
+// mbarrier phases carry across tiles.
+#pragma once
+#include "tile_config.cuh"
+#include "tile_raster.cuh"
+
+namespace hopmm {
+
+template <class Cfg, class Producer, class Consumer, class Epilogue>
+__device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const TensorMap* map_b,
+                                                const TensorMap* map_c, int k, int batch_offset,
+                                                int batch_count, BatchMap batch_a,
+                                                BatchMap batch_b, GroupedRaster raster) {
+    typedef TileShape<Cfg> S;
+    static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
+    extern __shared__ unsigned char smem_raw[];
+    SharedStorage<Cfg> smem;
+    smem.base = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<unsigned long long>(smem_raw) + kSmemAlign - 1) & ~(u64)(kSmemAlign - 1));
+
+    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S::kStages; ++s) {
+            mbar_init(smem.full_bar(s), 1);                  // the producer's expect_tx arrive
+            mbar_init(smem.empty_bar(s), S::kConsumers);     // one arrive per consumer
+        }
+        fence_barrier_init();
+        tma_prefetch_map(map_a);
+        tma_prefetch_map(map_b);
+        tma_prefetch_map(map_c);
+    }
+    __syncthreads();
+
+    const int tiles_per_slice = raster.tiles_m * raster.tiles_n;
+    const int total_tiles = tiles_per_slice * batch_count;
+    const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    int ring = 0;
+
+    if (warpgroup == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (thread == 0) {
+            for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+                const int z = batch_offset + t / tiles_per_slice;
+                int m_tile, n_tile;
+                raster.tile(t % tiles_per_slice, m_tile, n_tile);
+                Producer::load_tile(map_a, map_b, smem, m_tile * S::kBlockM, n_tile * S::kBlockN,
+                                    batch_a(z), batch_b(z), num_k_blocks, ring);
+            }
+        }
+    } else {
+        setmaxnreg_inc<kConsumerRegs>();
+        const int consumer = warpgroup - 1;
+        Consumer consumer_state;
+        for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+            const int z = batch_offset + t / tiles_per_slice;
+            int m_tile, n_tile;
+            raster.tile(t % tiles_per_slice, m_tile, n_tile);
+            consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
+            Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
+                            m_tile * S::kBlockM + consumer * S::kWgmmaM, n_tile * S::kBlockN, z);
+        }
+        Epilogue::finish(thread);
+    }
+}
+
+}  // namespace hopmm
