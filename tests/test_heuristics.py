@@ -66,3 +66,7 @@ def test_schedule_by_name():
     assert c.schedule is PersistentSchedule
     assert c.schedule.grid(Problem(8192, 8192, 8192, 1, "bfloat16", "k", "n"), c.config, 1,
                            H100_SXM.sm_count) == (H100_SXM.sm_count, 1, 1)
+
+
+def test_default_schedule_is_persistent():
+    assert choose(8192, 8192, 8192).schedule.name == "persistent"
