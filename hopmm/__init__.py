@@ -1,6 +1,7 @@
 """hopmm: fast matrix products on NVIDIA Hopper (sm_90a) for CuPy arrays."""
 from .api import FallbackError, explain, matmul, plan, use_schedule
 from .problem import Problem
+from .tuning import autotune
 
-__all__ = ["matmul", "explain", "plan", "use_schedule", "Problem", "FallbackError"]
+__all__ = ["matmul", "explain", "plan", "use_schedule", "autotune", "Problem", "FallbackError"]
 __version__ = "0.1.0"

@@ -7,7 +7,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import device as device_mod
-from . import fastpath, heuristics, launch, layout
+from . import fastpath, heuristics, launch, layout, tuning
 from .problem import KERNEL_DTYPES, Problem
 
 STRICT_ENV = "HOPMM_STRICT"
@@ -170,7 +170,11 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
                       dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
                       b_major="n" if b_axis == "cols" else "k")
-    choice = heuristics.choose(problem, device_mod.query(a.device.id), _schedule_override)
+    dev = device_mod.query(a.device.id)
+    # A forced schedule wins, then an autotuned winner for this exact problem, then the
+    # heuristic.
+    choice = ((None if _schedule_override else tuning.lookup(problem, dev))
+              or heuristics.choose(problem, dev, _schedule_override))
     copies = [name for name, copied in (("a", a_copied), ("b", b_copied)) if copied]
     return KernelCall(a3, a_map, b3, b_map, problem, choice, copies)
 

@@ -1,0 +1,77 @@
+"""CPU: the autotune table (lookup, merge under a lock, several writers, bad files) and the
+candidate list. Timing itself runs in the GPU tier."""
+import json
+import multiprocessing
+
+import pytest
+
+from hopmm import tuning
+from hopmm.device import H100_SXM
+from hopmm.problem import Problem
+
+PROBLEM = Problem(4096, 4096, 4096, 1, "bfloat16", "k", "n")
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
+    return tmp_path
+
+
+def entry(schedule="persistent", block_n=256, stages=3, group=16, tflops=700.0):
+    return tuning.TunedEntry(schedule, block_n, stages, group, tflops, "2026-11-22")
+
+
+def test_lookup_returns_the_recorded_winner():
+    assert tuning.lookup(PROBLEM, H100_SXM) is None
+    tuning.record({tuning.problem_key(PROBLEM, H100_SXM): entry(group=8)})
+    choice = tuning.lookup(PROBLEM, H100_SXM)
+    assert choice.schedule.name == "persistent" and choice.config.block_n == 256
+    assert choice.raster_group == 8 and choice.config.trans_b and "autotuned" in choice.reason
+    other = Problem(4096, 4096, 4096, 1, "float16", "k", "n")
+    assert tuning.lookup(other, H100_SXM) is None
+
+
+def test_record_merges_instead_of_overwriting():
+    tuning.record({"a": entry()})
+    tuning.record({"b": entry(block_n=128)})
+    data = json.loads(tuning.table_path().read_text())
+    assert set(data) == {"a", "b"} and data["b"]["block_n"] == 128
+
+
+def _writer(args):
+    cache_dir, i = args
+    import os
+
+    os.environ["HOPMM_CACHE_DIR"] = cache_dir
+    from hopmm import tuning as t
+
+    for j in range(5):
+        t.record({f"p{i}-{j}": t.TunedEntry("persistent", 256, 3, 16, float(i), "d")})
+
+
+def test_concurrent_writers_lose_nothing(cache):
+    with multiprocessing.get_context("spawn").Pool(4) as pool:
+        pool.map(_writer, [(str(cache), i) for i in range(4)])
+    data = json.loads(tuning.table_path().read_text())
+    assert set(data) == {f"p{i}-{j}" for i in range(4) for j in range(5)}
+
+
+def test_unreadable_table_is_ignored_with_a_warning(capsys):
+    tuning.table_path().write_text("{not json")
+    assert tuning.lookup(PROBLEM, H100_SXM) is None
+    assert "ignoring unreadable autotune table" in capsys.readouterr().err
+
+
+def test_entry_of_an_unknown_schedule_is_ignored(capsys):
+    tuning.record({tuning.problem_key(PROBLEM, H100_SXM): entry(schedule="gone")})
+    assert tuning.lookup(PROBLEM, H100_SXM) is None
+    assert "ignoring autotune entry" in capsys.readouterr().err
+
+
+def test_candidates_cover_schedules_widths_and_groups():
+    cands = tuning.candidates(PROBLEM, H100_SXM)
+    names = {tuning.label(c) for c in cands}
+    assert len(names) == len(cands) == 2 * 2 * 3
+    small = tuning.candidates(Problem(256, 4096, 4096, 1, "bfloat16", "k", "n"), H100_SXM)
+    assert {c.raster_group for c in small} == {2}  # only two M tiles to group
