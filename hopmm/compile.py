@@ -107,20 +107,33 @@ def cache_key(kernel: render.RenderedKernel, options=NVRTC_OPTIONS) -> str:
     return render.sha256("\n".join([kernel.source, *options, f"nvrtc {major}.{minor}"]))[:40]
 
 
+def _cached_report(cubin_path: Path, log_path: Path) -> ResourceReport | None:
+    """The report of a complete cache entry; None for a missing, partial or unreadable one
+    (another process mid-write, an interrupted run, a foreign file), which is recompiled."""
+    try:
+        if cubin_path.stat().st_size == 0:
+            return None
+        return ResourceReport.parse(log_path.read_text())
+    except (OSError, ValueError, ResourceError):
+        return None
+
+
 @functools.lru_cache(maxsize=None)
 def _compile_cached(name: str, source: str) -> CompiledKernel:
     kernel = render.RenderedKernel(name=name, source=source, snippet_hashes={})
     key = cache_key(kernel)
     cubin_path = cache_dir() / f"{name}-{key}.cubin"
     log_path = cubin_path.with_suffix(".log")
-    if not (cubin_path.exists() and log_path.exists()):
+    report = _cached_report(cubin_path, log_path)
+    if report is None:
         if os.environ.get("HOPMM_DUMP_SOURCE"):
             Path(os.environ["HOPMM_DUMP_SOURCE"]).mkdir(parents=True, exist_ok=True)
             (Path(os.environ["HOPMM_DUMP_SOURCE"]) / f"{name}.cu").write_text(source)
         result = nvrtc.compile_cubin(source, f"{name}.cu", NVRTC_OPTIONS)
-        _atomic_write(log_path, result.log.encode())
+        report = ResourceReport.parse(result.log)
+        # The cubin first, the log last: a readable log marks a complete entry.
         _atomic_write(cubin_path, result.cubin)
-    report = ResourceReport.parse(log_path.read_text())
+        _atomic_write(log_path, result.log.encode())
     return CompiledKernel(name=name, cubin_path=cubin_path, report=report,
                           source_hash=render.sha256(source))
 

@@ -99,3 +99,21 @@ def test_compile_error_carries_the_log():
     with pytest.raises(nvrtc.CompileError, match="undefined"):
         nvrtc.compile_cubin("__global__ void k() { undefined_thing(); }", "bad.cu",
                             compiler.NVRTC_OPTIONS)
+
+
+@pytest.mark.parametrize("damage", ["empty_log", "no_cubin", "empty_cubin"])
+def test_damaged_cache_entry_is_recompiled(tmp_path, monkeypatch, damage):
+    """A partial or foreign cache entry is rebuilt, never trusted or fatal."""
+    monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
+    compiler._compile_cached.cache_clear()
+    sched, cfg = CASES[0]
+    first = compiler.compile_kernel(sched.render(cfg))
+    log = first.cubin_path.with_suffix(".log")
+    {"empty_log": lambda: log.write_text(""),
+     "no_cubin": lambda: first.cubin_path.unlink(),
+     "empty_cubin": lambda: first.cubin_path.write_bytes(b"")}[damage]()
+    compiler._compile_cached.cache_clear()
+    again = compiler.compile_kernel(sched.render(cfg))
+    assert again.report == first.report and again.cubin_path.stat().st_size > 0
+    assert compiler.ResourceReport.parse(log.read_text()) == first.report
+    compiler._compile_cached.cache_clear()
