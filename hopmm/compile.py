@@ -20,7 +20,9 @@ from . import nvrtc, render
 ARCH_OPTION = "-arch=sm_90a"
 NVRTC_OPTIONS = (ARCH_OPTION, "-std=c++17", "--ptxas-options=-v", "-diag-suppress=177")
 
-# ptxas warnings that mean a kernel silently lost what it was written for.
+# ptxas diagnostics that mean a kernel silently lost what it was written for. ptxas prints
+# some of them as "info" lines ("ptxas info : (C7508) Potential Performance Loss: ..."), so
+# every line is searched for the codes, whatever its level.
 FATAL_PTXAS_WARNINGS = {
     "C7508": "setmaxnreg ignored (no register cap at kernel entry)",
     "C7510": "wgmma serialized",
@@ -31,7 +33,7 @@ FATAL_PTXAS_WARNINGS = {
 
 _REGISTERS = re.compile(r"Used (\d+) registers")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
-_WARNING_CODE = re.compile(r"\b(C\d{4})\b")
+_WARNING_CODE = re.compile(r"\((C\d{4})\)")
 
 
 class ResourceError(RuntimeError):
@@ -44,7 +46,7 @@ class ResourceReport:
     stack_frame: int
     spill_stores: int
     spill_loads: int
-    warnings: tuple  # ptxas warning lines
+    warnings: tuple  # ptxas lines that carry a diagnostic code (C....) or say "warning"
 
     @classmethod
     def parse(cls, log: str) -> "ResourceReport":
@@ -53,7 +55,7 @@ class ResourceReport:
         if not regs or not frame:
             raise ResourceError(f"no ptxas resource report in the compile log:\n{log}")
         warnings = tuple(line.strip() for line in log.splitlines()
-                         if "ptxas" in line and "warning" in line.lower())
+                         if _WARNING_CODE.search(line) or "warning" in line.lower())
         return cls(int(regs.group(1)), *(int(x) for x in frame.groups()), warnings)
 
     def problems(self, smem_bytes: int, smem_limit: int) -> list[str]:

@@ -85,12 +85,27 @@ def test_cache_key_changes_when_a_snippet_changes(tmp_path, monkeypatch):
 def test_resource_report_flags_problems():
     log = ("ptxas info    : Used 168 registers, used 16 barriers\n"
            "ptxas         .     8 bytes stack frame, 4 bytes spill stores, 4 bytes spill loads\n"
-           "ptxas warning : (C7508) setmaxnreg ignored; unable to determine register count\n")
+           "ptxas info    : (C7515) Potential Performance Loss: wgmma.mma_async instructions "
+           "are serialized due to ...\n")
     report = compiler.ResourceReport.parse(log)
     problems = report.problems(smem_bytes=300000, smem_limit=232448)
     assert any("local memory" in p for p in problems)
     assert any("exceeds" in p for p in problems)
-    assert any("setmaxnreg" in p for p in problems)
+    assert any("wgmma serialized" in p for p in problems)
+
+
+def test_real_ignored_setmaxnreg_is_caught():
+    """ptxas itself, through NVRTC: setmaxnreg with no register cap at entry is ignored, and
+    the check must see the diagnostic (printed at "info" level)."""
+    from hopmm import nvrtc
+
+    src = """extern "C" __global__ void k(float* o) {
+      if (threadIdx.x < 128) { asm volatile("setmaxnreg.dec.sync.aligned.u32 40;"); }
+      else { asm volatile("setmaxnreg.inc.sync.aligned.u32 232;"); o[threadIdx.x] = 1.f; }
+    }"""
+    log = nvrtc.compile_cubin(src, "uncapped.cu", compiler.NVRTC_OPTIONS).log
+    problems = compiler.ResourceReport.parse(log).problems(smem_bytes=0, smem_limit=232448)
+    assert any("setmaxnreg ignored" in p and "C7508" in p for p in problems), log
 
 
 def test_compile_error_carries_the_log():
