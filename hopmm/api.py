@@ -13,8 +13,9 @@ from .problem import KERNEL_DTYPES, Problem
 STRICT_ENV = "HOPMM_STRICT"
 SCHEDULE_ENV = "HOPMM_SCHEDULE"
 
-# A schedule forced by the user (use_schedule or HOPMM_SCHEDULE), else the heuristic's choice.
-_schedule_override = os.environ.get(SCHEDULE_ENV) or None
+# A schedule forced by the user (use_schedule or HOPMM_SCHEDULE, read at import), else the
+# heuristic's choice.
+_schedule_override = None
 
 
 class FallbackError(RuntimeError):
@@ -25,8 +26,8 @@ class FallbackError(RuntimeError):
 class Plan:
     path: str                       # "kernel", "cupy.matmul", "empty" or "zeros"
     reason: str
-    shapes: layout.MatmulShapes | None = None
-    dtype: object = None
+    shapes: layout.MatmulShapes
+    dtype: object
 
 @dataclass
 class KernelCall:
@@ -46,9 +47,14 @@ def use_schedule(name: str | None) -> None:
     from .schedules import SCHEDULES
 
     if name is not None and name not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}; known: {sorted(SCHEDULES)}")
+        raise ValueError(f"unknown schedule {name!r} (from use_schedule or {SCHEDULE_ENV}); "
+                         f"known: {sorted(SCHEDULES)}")
     _schedule_override = name
     fastpath.clear()  # remembered launches were built for the previous choice
+
+
+if os.environ.get(SCHEDULE_ENV):
+    use_schedule(os.environ[SCHEDULE_ENV])
 
 
 def _is_cupy_array(x) -> bool:
@@ -79,7 +85,10 @@ def plan(a, b, out=None) -> Plan:
 
     _check_types(a, b, out)
     shapes = layout.matmul_shapes(a.shape, b.shape)
-    dtype = cupy.result_type(a.dtype, b.dtype)
+    try:
+        dtype = cupy.result_type(a.dtype, b.dtype)
+    except TypeError as exc:  # e.g. bfloat16 with float16: NumPy knows no common type
+        raise TypeError(f"hopmm.matmul: no common dtype for {a.dtype} and {b.dtype}") from exc
     if out is not None:
         if out.shape != shapes.out_shape:
             raise ValueError(f"hopmm.matmul: out has shape {out.shape}, the result has shape "
@@ -92,7 +101,7 @@ def plan(a, b, out=None) -> Plan:
     if shapes.k == 0:
         return Plan("zeros", "k = 0: every element is an empty sum", shapes, dtype)
 
-    reason = _unsupported_reason(a, b, out)
+    reason = _unsupported_reason(a, b, out) or _too_large_reason(shapes)
     if reason:
         return Plan("cupy.matmul", reason, shapes, dtype)
     dev = device_mod.query(a.device.id)
@@ -109,6 +118,13 @@ def _unsupported_reason(a, b, out) -> str | None:
     if not dev.is_hopper:
         cc = "%d.%d" % dev.compute_capability
         return f"{dev.name} is compute capability {cc}; hopmm's kernels need Hopper (9.0)"
+    return None
+
+
+def _too_large_reason(shapes: layout.MatmulShapes) -> str | None:
+    for name in ("m", "n", "k", "batch"):
+        if getattr(shapes, name) > layout.MAX_EXTENT:
+            return f"{name} = {getattr(shapes, name)} exceeds the kernels' 32-bit arguments"
     return None
 
 
@@ -149,14 +165,12 @@ def matmul(a, b, out=None):
             raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "
                                 f"(unset {STRICT_ENV} to allow it)")
         return cupy.matmul(a, b, out=out)
-    result = out if out is not None else cupy.empty(p.shapes.out_shape, dtype=p.dtype)
-    if p.path == "empty":
-        return result
-    if p.path == "zeros":
-        result.fill(0)
-        return result
-    with a.device:
-        _run_kernel(p, a, b, result, out is not None, k)
+    with a.device:  # the result lives with the operands, wherever the current device is
+        result = out if out is not None else cupy.empty(p.shapes.out_shape, dtype=p.dtype)
+        if p.path == "zeros":
+            result.fill(0)
+        elif p.path == "kernel":
+            _run_kernel(p, a, b, result, out is not None, k)
     return result
 
 
@@ -183,12 +197,12 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     import cupy
 
     s = p.shapes
+    chosen_at = fastpath.generation
     call = _kernel_call(a, b, s)
     direct = (result.flags.c_contiguous
               and layout.store_ok((s.m, s.n), (s.n * result.itemsize, result.itemsize),
                                   result.itemsize, result.data.ptr)
-              and not (user_out and (cupy.may_share_memory(result, a)
-                                     or cupy.may_share_memory(result, b))))
+              and not (user_out and (_overlap(result, a) or _overlap(result, b))))
     if direct:
         c3 = result.reshape(s.batch, s.m, s.n)
     else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
@@ -203,19 +217,26 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     # operands read in place (views share the caller's base pointer) and a direct store.
     in_place = (call.a3.data.ptr == a.data.ptr and call.b3.data.ptr == b.data.ptr
                 and not call.copies and direct and c3.data.ptr == result.data.ptr)
-    if recipe_key is not None and in_place and min(a.strides + b.strides + (0,)) >= 0:
+    if recipe_key is not None and in_place:
         fastpath.remember(recipe_key, fastpath.Recipe(s.out_shape, result.dtype, launches,
-                                                      fastpath.span(a), fastpath.span(b)))
+                                                      fastpath.relative_bounds(a),
+                                                      fastpath.relative_bounds(b)), chosen_at)
+
+
+def _overlap(x, y) -> bool:
+    """Whether two arrays' byte ranges intersect (also for views that CuPy wraps as separate
+    allocations, e.g. from DLPack, which cupy.may_share_memory reports as disjoint)."""
+    return layout.overlaps(layout.byte_bounds(x.data.ptr, x.shape, x.strides, x.itemsize),
+                           layout.byte_bounds(y.data.ptr, y.shape, y.strides, y.itemsize))
 
 
 def explain(a, b, out=None) -> str:
     """Which path `matmul(a, b, out)` takes, with which schedule and config, and why."""
     p = plan(a, b, out)
-    lines = [f"path: {p.path}", f"why: {p.reason}"]
-    if p.shapes is not None:
-        s = p.shapes
-        lines.append(f"shape: batch {s.batch_shape} x ({s.m} x {s.k}) @ ({s.k} x {s.n}) -> "
-                     f"{s.out_shape} {p.dtype}")
+    s = p.shapes
+    lines = [f"path: {p.path}", f"why: {p.reason}",
+             f"shape: batch {s.batch_shape} x ({s.m} x {s.k}) @ ({s.k} x {s.n}) -> "
+             f"{s.out_shape} {p.dtype}"]
     if p.path == "kernel":
         with a.device:
             call = _kernel_call(a, b, p.shapes)

@@ -8,7 +8,7 @@ import threading
 from dataclasses import dataclass
 
 from . import launch
-from .layout import TMA_ALIGN
+from .layout import TMA_ALIGN, byte_bounds, overlaps
 
 MAX_RECIPES = 4096
 
@@ -18,8 +18,8 @@ class Recipe:
     out_shape: tuple
     dtype: object
     launches: list
-    a_span: int   # bytes from each operand's base to one past its last element
-    b_span: int
+    a_bounds: tuple   # byte bounds of each operand, relative to its base pointer
+    b_bounds: tuple
 
     def run(self, a, b, out):
         """The result, or None when this call must take the full path (out overlaps)."""
@@ -29,21 +29,25 @@ class Recipe:
         if out is None:
             result = cupy.empty(self.out_shape, dtype=self.dtype)
         else:
-            o, o_end = out.data.ptr, out.data.ptr + out.nbytes
-            if o < a_ptr + self.a_span and a_ptr < o_end or o < b_ptr + self.b_span and b_ptr < o_end:
+            o = byte_bounds(out.data.ptr, out.shape, out.strides, out.itemsize)
+            if (overlaps(o, (a_ptr + self.a_bounds[0], a_ptr + self.a_bounds[1]))
+                    or overlaps(o, (b_ptr + self.b_bounds[0], b_ptr + self.b_bounds[1]))):
                 return None
             result = out
         launch.launch_all(self.launches, a_ptr, b_ptr, result.data.ptr)
         return result
 
 
-def span(x) -> int:
-    """Bytes from x's base pointer to one past its last element (non-negative strides)."""
-    return sum((n - 1) * s for n, s in zip(x.shape, x.strides)) + x.itemsize if x.size else 0
+def relative_bounds(x) -> tuple[int, int]:
+    """Byte bounds of x relative to its base pointer."""
+    return byte_bounds(0, x.shape, x.strides, x.itemsize)
 
 
 _recipes: dict = {}
 _lock = threading.Lock()
+# Bumped by clear(): a call that chose its kernel before a clear() (use_schedule, autotune)
+# must not remember launches built from that older choice.
+generation = 0
 
 
 def key(a, b, out):
@@ -68,13 +72,17 @@ def lookup(k):
     return _recipes.get(k)
 
 
-def remember(k, recipe: Recipe) -> None:
+def remember(k, recipe: Recipe, chosen_at: int) -> None:
     with _lock:
+        if chosen_at != generation:
+            return
         if len(_recipes) >= MAX_RECIPES:
             _recipes.clear()  # a workload with this many shapes gains little from the cache
         _recipes[k] = recipe
 
 
 def clear() -> None:
+    global generation
     with _lock:
         _recipes.clear()
+        generation += 1

@@ -7,10 +7,8 @@ from dataclasses import dataclass
 
 from .device import DeviceInfo
 from .problem import Problem
-from .schedules import SCHEDULES, KernelConfig, PersistentSchedule
+from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig, PersistentSchedule
 
-# Fewer pipeline stages than this cannot hide TMA latency behind the tensor cores.
-MIN_STAGES = 2
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
 # rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
 RASTER_GROUP_M = 16
@@ -37,7 +35,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
     # A 256-wide tile halves the B traffic per flop of a 128-wide one, but only pays while
     # there are enough tiles to give every SM work; with fewer, the narrower tile keeps more
     # SMs busy.
-    wide_tiles = _tiles(problem, 128, 256)
+    wide_tiles = _tiles(problem, BLOCK_M, 256)
     if problem.n > 128 and wide_tiles >= device.sm_count:
         block_n = 256
         why = f"{wide_tiles} tiles of 128x256 fill {device.sm_count} SMs"
@@ -47,17 +45,14 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
                if problem.n > 128 else f"n = {problem.n} fits a 128-wide tile")
     # The narrower tile is the fallback when the wide one leaves too few stages.
     for width in sorted({block_n, 128}, reverse=True):
-        cfg = KernelConfig(dtype=problem.dtype, block_n=width, stages=1, trans_a=trans_a,
-                           trans_b=trans_b)
-        stages = sched.max_stages(cfg, device.smem_per_block_optin)
-        if stages >= MIN_STAGES:
+        cfg = sched.deepest(problem.dtype, width, trans_a, trans_b, device.smem_per_block_optin)
+        if cfg is not None:
             break
-        why = f"a {cfg.block_m}x{width} tile leaves fewer than {MIN_STAGES} stages"
+        why = f"a {BLOCK_M}x{width} tile leaves fewer than {MIN_STAGES} stages"
     else:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
-                           f"per block is too little for a {cfg.block_m}x{cfg.block_n} tile")
-    cfg = KernelConfig(dtype=problem.dtype, block_n=cfg.block_n, stages=stages, trans_a=trans_a,
-                       trans_b=trans_b)
-    group = min(RASTER_GROUP_M, -(-problem.m // cfg.block_m))
+                           f"per block is too little for a {BLOCK_M}x128 tile")
+    stages = cfg.stages
+    group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
     return Choice(sched, cfg, f"{why}; {stages} stages fit in {device.smem_per_block_optin} B "
                               f"of shared memory; tiles in groups of {group} M-tiles", group)

@@ -132,3 +132,20 @@ def grouped_raster(t: int, tiles_m: int, tiles_n: int, group: int) -> tuple[int,
     rows = min(tiles_m - first_m, group)
     in_group = t % per_group
     return first_m + in_group % rows, in_group // rows
+
+
+def byte_bounds(ptr: int, shape: tuple, strides: tuple, itemsize: int) -> tuple[int, int]:
+    """[first, last + 1) byte addresses an array view touches (any sign of strides)."""
+    if 0 in shape:
+        return ptr, ptr
+    lo = ptr + sum((n - 1) * s for n, s in zip(shape, strides) if s < 0)
+    hi = ptr + sum((n - 1) * s for n, s in zip(shape, strides) if s > 0) + itemsize
+    return lo, hi
+
+
+def overlaps(x_bounds: tuple[int, int], y_bounds: tuple[int, int]) -> bool:
+    return x_bounds[0] < y_bounds[1] and y_bounds[0] < x_bounds[1]
+
+
+# Kernel arguments are 32-bit: larger extents go to cupy.matmul.
+MAX_EXTENT = 2**31 - 1

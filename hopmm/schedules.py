@@ -17,6 +17,11 @@ TMA_BOX_ELEMS = 64       # one 128-byte swizzle row of 16-bit elements
 SMEM_ALIGN = 1024        # the kernel rounds its dynamic smem base up to this
 MBARRIER_BYTES = 8
 WGMMA_M = 64
+BLOCK_M = 2 * WGMMA_M     # two consumer warpgroups of 64 rows each
+WGMMA_NS = (64, 128, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
+# A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
+# so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
+MIN_STAGES = 2
 
 
 @dataclass(frozen=True)
@@ -26,21 +31,21 @@ class KernelConfig:
     stages: int
     trans_a: bool   # A is M-major (a transposed view)
     trans_b: bool   # B is N-major (row-major B)
-    block_m: int = 128
+    block_m: int = BLOCK_M
     block_k: int = TMA_BOX_ELEMS
     consumers: int = 2
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
             raise ValueError(f"unsupported dtype {self.dtype!r}")
-        if self.block_n % TMA_BOX_ELEMS or not 0 < self.block_n <= 256:
-            raise ValueError(f"block_n must be 64, 128, 192 or 256, got {self.block_n}")
+        if self.block_n not in WGMMA_NS:
+            raise ValueError(f"block_n must be one of {WGMMA_NS}, got {self.block_n}")
         if self.block_m != self.consumers * WGMMA_M:
             raise ValueError("each consumer warpgroup owns 64 rows of the tile")
         if self.block_k != TMA_BOX_ELEMS:
             raise ValueError("block_k is one 128-byte swizzle atom (64 elements)")
-        if self.stages < 1:
-            raise ValueError("at least one pipeline stage")
+        if self.stages < MIN_STAGES:
+            raise ValueError(f"at least {MIN_STAGES} pipeline stages, got {self.stages}")
 
     @property
     def tag(self) -> str:
@@ -125,14 +130,25 @@ class WarpSpecializedSchedule:
                                     dict(cls.slots, THREADS=str(cls.threads(cfg))))
 
     @classmethod
+    def deepest(cls, dtype: str, block_n: int, trans_a: bool, trans_b: bool,
+                smem_limit: int) -> KernelConfig | None:
+        """The config with as many stages as fit in `smem_limit`, or None if fewer than
+        MIN_STAGES fit."""
+        probe = KernelConfig(dtype=dtype, block_n=block_n, stages=MIN_STAGES, trans_a=trans_a,
+                             trans_b=trans_b)
+        stages = cls.max_stages(probe, smem_limit)
+        return replace(probe, stages=stages) if stages >= MIN_STAGES else None
+
+    @classmethod
     def configs(cls, smem_limit: int) -> list[KernelConfig]:
         """Every config this schedule can be asked for: each tile width, dtype and layout, with
         the deepest pipeline that fits."""
         out = []
         for block_n, dtype, ta, tb in itertools.product(cls.block_ns, KERNEL_DTYPES,
                                                         (False, True), (False, True)):
-            cfg = KernelConfig(dtype=dtype, block_n=block_n, stages=1, trans_a=ta, trans_b=tb)
-            out.append(replace(cfg, stages=cls.max_stages(cfg, smem_limit)))
+            cfg = cls.deepest(dtype, block_n, ta, tb, smem_limit)
+            if cfg is not None:
+                out.append(cfg)
         return out
 
 

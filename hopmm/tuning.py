@@ -19,9 +19,9 @@ from pathlib import Path
 
 from . import compile as compiler
 from .device import DeviceInfo
-from .heuristics import MIN_STAGES, Choice
-from .problem import Problem
-from .schedules import SCHEDULES, KernelConfig
+from .heuristics import Choice
+from .problem import KERNEL_DTYPES, Problem
+from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig
 
 TABLE_NAME = "autotune-v1.json"
 RASTER_GROUPS = (8, 16, 32)
@@ -46,11 +46,24 @@ def problem_key(problem: Problem, device: DeviceInfo) -> str:
             f"{problem.m}x{problem.n}x{problem.k}|b{problem.batch}")
 
 
-def choice_from(entry: TunedEntry, problem: Problem) -> Choice:
-    sched = SCHEDULES[entry.schedule]
-    cfg = KernelConfig(dtype=problem.dtype, block_n=entry.block_n, stages=entry.stages,
+def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choice:
+    """The entry as a Choice; ValueError for an entry this version cannot run as written (a
+    table is shared across versions and may have been edited by hand)."""
+    sched = SCHEDULES.get(entry.schedule)
+    if sched is None:
+        raise ValueError(f"unknown schedule {entry.schedule!r}")
+    if entry.block_n not in sched.block_ns:
+        raise ValueError(f"block_n {entry.block_n!r} not in {sched.block_ns}")
+    if type(entry.raster_group) is not int or entry.raster_group < 1:
+        raise ValueError(f"raster_group {entry.raster_group!r} is not a positive int")
+    cfg = KernelConfig(dtype=problem.dtype, block_n=entry.block_n, stages=MIN_STAGES,
                        trans_a=problem.a_major == "m", trans_b=problem.b_major == "n")
-    return Choice(sched, cfg, f"autotuned {entry.when}: {entry.tflops:.1f} TFLOP/s "
+    deepest = sched.max_stages(cfg, device.smem_per_block_optin)
+    if type(entry.stages) is not int or not MIN_STAGES <= entry.stages <= deepest:
+        raise ValueError(f"stages {entry.stages!r} not in {MIN_STAGES}..{deepest}")
+    cfg = KernelConfig(dtype=cfg.dtype, block_n=cfg.block_n, stages=entry.stages,
+                       trans_a=cfg.trans_a, trans_b=cfg.trans_b)
+    return Choice(sched, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
                               f"({table_path()})", entry.raster_group)
 
 
@@ -67,7 +80,7 @@ class _Table:
         path = table_path()
         try:
             st = path.stat()
-            stamp = (st.st_mtime_ns, st.st_size)
+            stamp = (st.st_ino, st.st_mtime_ns, st.st_size)  # os.replace makes a new inode
         except FileNotFoundError:
             stamp = None
         with self._lock:
@@ -83,6 +96,8 @@ _table = _Table()
 def _read(path: Path) -> dict:
     try:
         raw = json.loads(path.read_text())
+        if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
+            raise ValueError("expected an object of objects")
         return {k: TunedEntry(**v) for k, v in raw.items()}
     except (OSError, ValueError, TypeError) as exc:
         print(f"hopmm: ignoring unreadable autotune table {path}: {exc}", file=sys.stderr)
@@ -94,8 +109,8 @@ def lookup(problem: Problem, device: DeviceInfo) -> Choice | None:
     if entry is None:
         return None
     try:
-        return choice_from(entry, problem)
-    except (KeyError, ValueError) as exc:  # written by a version with other schedules
+        return choice_from(entry, problem, device)
+    except (TypeError, ValueError) as exc:
         print(f"hopmm: ignoring autotune entry {entry}: {exc!r}", file=sys.stderr)
         return None
 
@@ -113,20 +128,15 @@ def record(new: dict) -> None:
 
 def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     """Every schedule x tile width x raster group that fits, with the deepest pipeline."""
-    tiles_m = -(-problem.m // 128)
+    tiles_m = -(-problem.m // BLOCK_M)
     groups = sorted({min(g, tiles_m) for g in RASTER_GROUPS})
     out = []
     for sched in SCHEDULES.values():
         for block_n in sched.block_ns:
-            cfg = KernelConfig(dtype=problem.dtype, block_n=block_n, stages=1,
-                               trans_a=problem.a_major == "m", trans_b=problem.b_major == "n")
-            stages = sched.max_stages(cfg, device.smem_per_block_optin)
-            if stages < MIN_STAGES:
-                continue
-            cfg = KernelConfig(dtype=cfg.dtype, block_n=block_n, stages=stages,
-                               trans_a=cfg.trans_a, trans_b=cfg.trans_b)
-            for group in groups:
-                out.append(Choice(sched, cfg, "autotune candidate", group))
+            cfg = sched.deepest(problem.dtype, block_n, problem.a_major == "m",
+                                problem.b_major == "n", device.smem_per_block_optin)
+            if cfg is not None:
+                out.extend(Choice(sched, cfg, "autotune candidate", g) for g in groups)
     return out
 
 
@@ -135,63 +145,86 @@ def label(choice: Choice) -> str:
     return f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} g{choice.raster_group}"
 
 
-def api_tolerance(dtype: str) -> float:
-    """‖out − ref‖ / ‖ref‖ a correct fp32-accumulating kernel stays under."""
-    return 1e-2 if str(dtype) == "bfloat16" else 2e-3
+def _validate_shapes(shapes, dtype) -> list[tuple[int, int, int]]:
+    if str(dtype) not in KERNEL_DTYPES:
+        raise ValueError(f"autotune: dtype must be one of {KERNEL_DTYPES}, got {dtype!r}")
+    out = []
+    for shape in shapes:
+        if (not isinstance(shape, (tuple, list)) or len(shape) != 3
+                or not all(type(x) is int and x > 0 for x in shape)):
+            raise ValueError(f"autotune: each shape is (m, n, k) of positive ints, got {shape!r}")
+        out.append(tuple(shape))
+    if not out:
+        raise ValueError("autotune: no shapes given")
+    return out
 
 
 def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5,
              input_sets: int = 2, progress=sys.stderr) -> list[dict]:
     """Times every candidate for each (m, n, k) of `shapes` (row-major A and B) and stores the
-    fastest correct one. Returns one row per shape: the winner and every candidate's TFLOP/s."""
+    fastest correct one (after each shape, so an interruption keeps what was tuned). Returns
+    one row per shape: the winner and every correct candidate's TFLOP/s."""
     import cupy
 
-    from . import api, fastpath, launch
+    from . import api, fastpath, launch, layout
     from .device import query
-    from .layout import matmul_shapes
     from .timing import interleaved_medians
 
+    shapes = _validate_shapes(shapes, dtype)
     device = query(cupy.cuda.Device().id)
-    rows, new = [], {}
+    rows = []
     for m, n, k in shapes:
-        sets = [(cupy.random.standard_normal((m, k), dtype=cupy.float32).astype(dtype),
-                 cupy.random.standard_normal((k, n), dtype=cupy.float32).astype(dtype),
-                 cupy.empty((m, n), dtype=dtype)) for _ in range(input_sets)]
-        a, b, _ = sets[0]
-        call = api._kernel_call(a, b, matmul_shapes(a.shape, b.shape))
-        ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
-        tol = api_tolerance(dtype)
+        # Operands as the kernel reads them (aligned copies where rows are not 16-byte
+        # multiples) and an aligned result buffer, one of each per rotating input set.
+        sets, call = [], None
+        for _ in range(input_sets):
+            a = cupy.random.standard_normal((m, k), dtype=cupy.float32).astype(dtype)
+            b = cupy.random.standard_normal((k, n), dtype=cupy.float32).astype(dtype)
+            call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+            c3 = cupy.empty((1, m, layout.padded(n, a.itemsize)), dtype=dtype)[:, :, :n]
+            sets.append((call.a3, call.b3, c3))
+        a3, b3, c3 = sets[0]
+        ref = cupy.matmul(a3[0].astype(cupy.float32), b3[0].astype(cupy.float32))
         timed = {}
         for i, choice in enumerate(candidates(call.problem, device)):
             name = label(choice)
-            launches = launch.build_launches(choice, call.problem, call.a3, call.a_map, call.b3,
-                                             call.b_map, sets[0][2].reshape(1, m, n))
-            out = sets[0][2]
-            out.fill(cupy.nan)
-            launch.launch_all(launches, a.data.ptr, b.data.ptr, out.data.ptr)
-            err = float(cupy.linalg.norm(out.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
-            if not err < tol:  # also catches NaN: never record a config that is wrong
+            launches = launch.build_launches(choice, call.problem, a3, call.a_map, b3,
+                                             call.b_map, c3)
+            c3.fill(cupy.nan)
+            launch.launch_all(launches, a3.data.ptr, b3.data.ptr, c3.data.ptr)
+            got = c3[0].astype(cupy.float32)
+            err = float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
+            if not err < tolerance(dtype):  # also catches NaN: never record a wrong config
                 print(f"[autotune] {m}x{n}x{k} {name}: WRONG (rel err {err:.2e}), skipped",
                       file=progress)
                 continue
             timed[name] = (choice, launches)
             print(f"[autotune] {m}x{n}x{k} {dtype}: compiled and checked {i + 1} candidates",
                   file=progress, end="\r")
+        if not timed:
+            raise RuntimeError(f"autotune: no candidate computed {m}x{n}x{k} {dtype} correctly")
         medians = interleaved_medians(
-            {name: (lambda ls: lambda a, b, c: launch.launch_all(ls, a.data.ptr, b.data.ptr,
-                                                                 c.data.ptr))(ls)
-             for name, (_, ls) in timed.items()}, sets, rounds, warmup_s)
+            {name: _launcher(ls) for name, (_, ls) in timed.items()}, sets, rounds, warmup_s)
         flops = 2.0 * m * n * k
         tflops = {name: flops / t / 1e12 for name, t in medians.items()}
         best = max(tflops, key=tflops.get)
         choice = timed[best][0]
-        new[problem_key(call.problem, device)] = TunedEntry(
+        record({problem_key(call.problem, device): TunedEntry(
             choice.schedule.name, choice.config.block_n, choice.config.stages,
-            choice.raster_group, round(tflops[best], 1), time.strftime("%Y-%m-%d"))
+            choice.raster_group, round(tflops[best], 1), time.strftime("%Y-%m-%d"))})
+        fastpath.clear()  # remembered launches were built from the old choices
         print(f"[autotune] {m}x{n}x{k} {dtype}: best {best} {tflops[best]:.1f} TFLOP/s of "
               f"{len(tflops)} candidates", file=progress)
         rows.append({"shape": (m, n, k), "dtype": dtype, "best": best, "tflops": tflops})
-    record(new)
-    fastpath.clear()  # remembered launches were built from the old choices
     return rows
 
+
+def _launcher(launches):
+    from . import launch
+
+    return lambda a3, b3, c3: launch.launch_all(launches, a3.data.ptr, b3.data.ptr, c3.data.ptr)
+
+
+def tolerance(dtype) -> float:
+    """‖out − ref‖ / ‖ref‖ a correct fp32-accumulating kernel stays under."""
+    return 1e-2 if str(dtype) == "bfloat16" else 2e-3

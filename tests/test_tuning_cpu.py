@@ -75,3 +75,26 @@ def test_candidates_cover_schedules_widths_and_groups():
     assert len(names) == len(cands) == 2 * 2 * 3
     small = tuning.candidates(Problem(256, 4096, 4096, 1, "bfloat16", "k", "n"), H100_SXM)
     assert {c.raster_group for c in small} == {2}  # only two M tiles to group
+
+
+@pytest.mark.parametrize("field,value", [("raster_group", 0), ("block_n", "256"),
+                                         ("block_n", 192), ("stages", 50), ("stages", 1)])
+def test_invalid_entries_are_ignored(field, value, capsys):
+    fields = dict(schedule="persistent", block_n=256, stages=3, group=16)
+    fields[{"raster_group": "group"}.get(field, field)] = value
+    tuning.record({tuning.problem_key(PROBLEM, H100_SXM): entry(**fields)})
+    assert tuning.lookup(PROBLEM, H100_SXM) is None
+    assert "ignoring autotune entry" in capsys.readouterr().err
+
+
+def test_table_of_the_wrong_shape_is_ignored(capsys):
+    tuning.table_path().write_text("[1, 2, 3]")
+    assert tuning.lookup(PROBLEM, H100_SXM) is None
+    assert "ignoring unreadable autotune table" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("shapes,dtype", [([(1, 2)], "bfloat16"), ([(0, 8, 8)], "bfloat16"),
+                                          ([(8, 8, 8)], "float32"), ([], "float16")])
+def test_autotune_rejects_bad_arguments_before_any_gpu_work(shapes, dtype):
+    with pytest.raises(ValueError, match="autotune"):
+        tuning.autotune(shapes, dtype)

@@ -18,23 +18,9 @@ __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const Te
     typedef TileShape<Cfg> S;
     static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     extern __shared__ unsigned char smem_raw[];
-    SharedStorage<Cfg> smem;
-    smem.base = reinterpret_cast<unsigned char*>(
-        (reinterpret_cast<unsigned long long>(smem_raw) + kSmemAlign - 1) & ~(u64)(kSmemAlign - 1));
-
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int thread = threadIdx.x % kWarpgroupThreads;
-    if (threadIdx.x == 0) {
-        for (int s = 0; s < S::kStages; ++s) {
-            mbar_init(smem.full_bar(s), 1);                  // the producer's expect_tx arrive
-            mbar_init(smem.empty_bar(s), S::kConsumers);     // one arrive per consumer
-        }
-        fence_barrier_init();
-        tma_prefetch_map(map_a);
-        tma_prefetch_map(map_b);
-        tma_prefetch_map(map_c);
-    }
-    __syncthreads();
+    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
 
     const int tiles_per_slice = raster.tiles_m * raster.tiles_n;
     const int total_tiles = tiles_per_slice * batch_count;

@@ -30,7 +30,10 @@ struct TileShape {
     static constexpr int kWgmmaM = 64;
     static_assert(kBlockM == kConsumers * kWgmmaM, "each consumer warpgroup owns 64 rows");
     static_assert(kBlockK == kTmaBoxElems, "one 128-byte swizzle atom of K per stage");
-    static_assert(kBlockN % kTmaBoxElems == 0 && kBlockN <= 256, "N tile: 64..256, step 64");
+    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "N tile: a wgmma N extent");
+    // A stage is released only after the next k-block's wgmma group is committed, so one
+    // stage would deadlock.
+    static_assert(kStages >= 2, "at least two pipeline stages");
 
     static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
     static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
@@ -69,6 +72,31 @@ struct SharedStorage {
         return reinterpret_cast<u64*>(base + S::kBarrierOffset) + S::kStages + s;
     }
 };
+
+// Rounds the dynamic shared memory up to kSmemAlign, initialises the stage barriers and
+// prefetches the tensor maps (thread 0), then synchronises the CTA: every skeleton's prologue.
+template <class Cfg>
+__device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char* smem_raw,
+                                                                   const TensorMap* map_a,
+                                                                   const TensorMap* map_b,
+                                                                   const TensorMap* map_c) {
+    typedef TileShape<Cfg> S;
+    SharedStorage<Cfg> smem;
+    smem.base = reinterpret_cast<unsigned char*>(
+        (reinterpret_cast<unsigned long long>(smem_raw) + kSmemAlign - 1) & ~(u64)(kSmemAlign - 1));
+    if (threadIdx.x == 0) {
+        for (int s = 0; s < S::kStages; ++s) {
+            mbar_init(smem.full_bar(s), 1);                  // the producer's expect_tx arrive
+            mbar_init(smem.empty_bar(s), S::kConsumers);     // one arrive per consumer
+        }
+        fence_barrier_init();
+        tma_prefetch_map(map_a);
+        tma_prefetch_map(map_b);
+        tma_prefetch_map(map_c);
+    }
+    __syncthreads();
+    return smem;
+}
 
 // Which batch slice of an operand an output batch index z reads: (z / div) % mod. This covers
 // a full batch (1, B), a broadcast operand (1, 1) and broadcasting over leading or trailing

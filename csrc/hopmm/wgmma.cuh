@@ -16,7 +16,7 @@
 
 namespace hopmm {
 
-// 16-bit elements per 128-byte swizzled row, and the K extent of one operand stage.
+// Bytes per swizzled row (64 16-bit elements), and the K extent of one wgmma instruction.
 constexpr int kSwizzleBytes = 128;
 constexpr int kWgmmaK = 16;
 constexpr u32 kSwizzleAtomBytes = 8 * kSwizzleBytes;        // 8 rows: the XOR pattern period
