@@ -32,11 +32,43 @@ def test_main_job_cpu_report_lists_every_kernel(capsys):
 
 
 def test_use_schedule_validates_and_clears_remembered_launches():
-    from hopmm import fastpath
+    from hopmm import api, fastpath
 
+    previous = api._schedule_override
     fastpath._recipes["stale"] = object()
+    generation = fastpath.generation
     with pytest.raises(ValueError, match="unknown schedule"):
         hopmm.use_schedule("no_such_schedule")
-    hopmm.use_schedule("persistent")
-    assert "stale" not in fastpath._recipes
-    hopmm.use_schedule(None)
+    try:
+        hopmm.use_schedule("persistent")
+        assert "stale" not in fastpath._recipes and fastpath.generation > generation
+    finally:
+        hopmm.use_schedule(previous)
+
+
+def test_a_choice_made_before_a_clear_is_not_remembered():
+    from hopmm import fastpath
+
+    chosen_at = fastpath.generation
+    fastpath.clear()
+    fastpath.remember("k", object(), chosen_at)
+    assert fastpath.lookup("k") is None
+
+
+def test_unknown_schedule_in_the_environment_is_a_clear_error():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", "import hopmm"], capture_output=True, text=True,
+                         env={**__import__("os").environ, "HOPMM_SCHEDULE": "persistant"})
+    assert run.returncode != 0 and "unknown schedule 'persistant'" in run.stderr
+
+
+@pytest.mark.parametrize("shape,strides,expected", [
+    ((4, 8), (16, 2), (0, 64)), ((4, 8), (-16, 2), (-48, 16)), ((0, 8), (16, 2), (0, 0)),
+    ((3,), (-4,), (-8, 2))], ids=str)
+def test_byte_bounds(shape, strides, expected):
+    from hopmm import layout
+
+    assert layout.byte_bounds(0, shape, strides, 2) == expected
+

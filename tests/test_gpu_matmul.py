@@ -99,22 +99,29 @@ def test_transposed(ta, tb, m, n, k, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("view", ["rows_offset", "cols_offset", "col_step", "row_step",
-                                  "negative", "padded_ld"])
-def test_sliced_views(view, dtype):
-    import cupy
+@pytest.mark.parametrize("view,copies", [
+    ("rows_offset", ""),        # aligned row offsets: read in place
+    ("padded_ld", ""),          # leading dimensions larger than the extents: in place
+    ("cols_offset", "a, b"),    # bases 6 and 2 bytes off alignment: aligned copies
+    ("col_step", "a"),          # no contiguous axis in A
+    ("row_step", "b"),          # no contiguous axis in B
+    ("negative", "a, b"),       # negative strides
+])
+def test_sliced_views(view, copies, dtype):
+    import hopmm
 
-    big_a, big_b = rand((700, 600), dtype), rand((600, 500), dtype)
+    big_a, big_b = rand((700, 600), dtype), rand((600, 520), dtype)
     a, b = {
-        "rows_offset": (big_a[8:520, :], big_b[:, 8:]),          # aligned offsets: no copy
-        "cols_offset": (big_a[:, 3:400], big_b[3:400, 1:]),      # misaligned bases: copies
+        "rows_offset": (big_a[8:520, :], big_b[:, 8:]),
+        "padded_ld": (big_a[:, :520], big_b[:520, :264]),
+        "cols_offset": (big_a[:, 3:400], big_b[3:400, 1:]),
         "col_step": (big_a[:, ::2], big_b[::2, :]),
         "row_step": (big_a[::3, :], big_b[:, ::3]),
         "negative": (big_a[::-1, :], big_b[:, ::-1]),
-        "padded_ld": (big_a[:, :520], big_b[:520, :264]),        # leading dims > extents
     }[view]
+    text = hopmm.explain(a, b)
+    assert (f"aligned copies of {copies}" in text) if copies else ("aligned copies" not in text)
     check(a, b, dtype)
-    assert isinstance(a, cupy.ndarray)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -176,13 +183,33 @@ def test_out_partial_row_no_overrun(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_out_overlapping_input(dtype):
+@pytest.mark.parametrize("which", ["a", "b"])
+def test_out_overlapping_input(which, dtype):
+    """out is an input: 512 tiles, several waves, so later tiles would read rows of B (or A)
+    that earlier tiles had already overwritten were the result stored in place."""
     import hopmm
 
-    a, b = rand((256, 256), dtype), rand((256, 256), dtype)
+    a, b = rand((4096, 4096), dtype), rand((4096, 4096), dtype)
+    a0, b0 = a.copy(), b.copy()
+    hopmm.matmul(a, b, out=a if which == "a" else b)
+    assert rel_err(a if which == "a" else b, a0, b0) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_out_overlapping_through_another_allocation(dtype):
+    """An out that aliases an input through a separately wrapped pointer (as DLPack or
+    foreign memory gives): CuPy cannot tell they share memory; hopmm compares addresses."""
+    import cupy
+
+    import hopmm
+
+    base, b = rand((2049, 2048), dtype), rand((2048, 2048), dtype)
+    a = base[1:]
     a0 = a.copy()
-    hopmm.matmul(a, b, out=a)
-    assert rel_err(a, a0, b) < TOL[dtype]
+    alias = cupy.ndarray(a.shape, a.dtype, cupy.cuda.MemoryPointer(
+        cupy.cuda.UnownedMemory(a.data.ptr, a.nbytes, base), 0))
+    hopmm.matmul(a, b, out=alias)
+    assert rel_err(alias, a0, b) < TOL[dtype]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -250,13 +277,16 @@ def test_bitwise_deterministic(dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_repeat_calls_take_the_fast_path_with_new_data(dtype):
-    """Later calls of one shape reuse the first call's launches on their own arrays."""
-    from hopmm import fastpath
-
+def test_repeat_calls_take_the_fast_path_with_new_data(dtype, monkeypatch):
+    """Later calls of one shape reuse the first call's launches on their own arrays: after
+    the first round, the planning path is never entered again."""
     import hopmm
+    from hopmm import api, fastpath
 
     fastpath.clear()
+    planned = []
+    real_plan = api.plan
+    monkeypatch.setattr(api, "plan", lambda *args: planned.append(1) or real_plan(*args))
     for _ in range(3):
         a, b = rand((384, 320), dtype), rand((320, 512), dtype)
         out = poisoned_out(a, b)
@@ -264,7 +294,7 @@ def test_repeat_calls_take_the_fast_path_with_new_data(dtype):
         assert rel_err(out, a, b) < TOL[dtype]
         fresh = hopmm.matmul(a, b)
         assert rel_err(fresh, a, b) < TOL[dtype]
-    assert len(fastpath._recipes) == 2  # one for out=, one for a fresh result
+    assert len(planned) == 2  # the first out= call and the first fresh-result call
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -288,3 +318,26 @@ def test_fast_path_respects_alignment(dtype):
     b = rand((256, 128), dtype)
     check(aligned, b, dtype)
     check(shifted, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("b_shape", [(70000, 16, 24), (16, 24)], ids=["batched", "broadcast"])
+def test_more_batches_than_one_grid_holds(b_shape, dtype):
+    """70000 batches: more than gridDim.z's 65535, so launches are split with an offset."""
+    check(rand((70000, 16, 16), dtype), rand(b_shape, dtype), dtype)
+
+
+def test_result_lives_on_the_operands_device():
+    import cupy
+
+    import hopmm
+
+    if cupy.cuda.runtime.getDeviceCount() < 2:
+        pytest.skip("needs two GPUs")
+    with cupy.cuda.Device(1):
+        a, b = rand((256, 128), "bfloat16"), rand((128, 192), "bfloat16")
+    with cupy.cuda.Device(0):
+        c = hopmm.matmul(a, b)
+    assert c.device.id == 1
+    with cupy.cuda.Device(1):
+        assert rel_err(c, a, b) < TOL["bfloat16"]

@@ -461,3 +461,38 @@ def test_tma_load_with_encoded_map(cuda_context, x, y):
     inside = a[y:y + BOX_ROWS, x:x + BOX_COLS]
     expected[:inside.shape[0], :inside.shape[1]] = inside
     assert (out == expected).all()
+
+
+# ---- KernelLaunch: the launch path of every matmul call ----------------------------------
+
+GOOD_TEMPLATE = (9, (64, 64, 1), (128, 8192), (64, 64, 1), 3, 2, 0)
+
+
+def make_launch(**kw):
+    args = dict(function=0, grid=(1, 1, 1), block_x=128, shared_mem_bytes=0,
+                map_templates=[GOOD_TEMPLATE], ints=[1, 2, 3])
+    args.update(kw)
+    return _tensormap.KernelLaunch(**args)
+
+
+@pytest.mark.parametrize("kw,match", [
+    (dict(grid=(1, 1)), "grid"),
+    (dict(map_templates=[GOOD_TEMPLATE] * 5), "at most 4"),
+    (dict(map_templates=[GOOD_TEMPLATE[:6]]), "7 fields"),
+    (dict(ints=list(range(17))), "ints"),
+    (dict(map_templates=[(9, (64, 64, 1), (128,), (64, 64, 1), 3, 2, 0)]), "strides_bytes"),
+], ids=["grid", "too_many_maps", "short_template", "too_many_ints", "strides_rank"])
+def test_kernel_launch_rejects_bad_construction(kw, match):
+    with pytest.raises(ValueError, match=match):
+        make_launch(**kw)
+
+
+def test_kernel_launch_needs_one_address_per_map():
+    with pytest.raises(ValueError, match="one base address per tensor map"):
+        make_launch().launch(0)
+
+
+@pytest.mark.skipif(_tensormap.driver_available(), reason="a CUDA driver is present")
+def test_kernel_launch_without_driver_names_the_driver():
+    with pytest.raises(RuntimeError, match="driver"):
+        make_launch().launch(0, 1024)
