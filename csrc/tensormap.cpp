@@ -3,8 +3,8 @@
 // The driver entry point is resolved with dlopen/dlsym at run time, so the
 // module builds without the CUDA toolkit and imports on machines without a GPU
 // or driver (the CPU tests and kernel compilation via NVRTC need neither).
-// This runs on every matmul call, so the happy path avoids heap allocations
-// apart from the returned bytes object.
+// KernelLaunch encodes the maps of every matmul call and launches the kernel
+// (cuLaunchKernel) in one call from Python, allocating nothing on the way.
 
 #include <pybind11/pybind11.h>
 

@@ -4,4 +4,4 @@ from .problem import Problem
 from .tuning import autotune
 
 __all__ = ["matmul", "explain", "plan", "use_schedule", "autotune", "Problem", "FallbackError"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"

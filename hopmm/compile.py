@@ -36,6 +36,9 @@ _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) b
 _WARNING_CODE = re.compile(r"\((C\d{4})\)")
 
 
+CACHE_FILE_MODE = 0o644
+
+
 class ResourceError(RuntimeError):
     """A compiled kernel breaks a resource rule (spills, shared memory, serialized wgmma)."""
 
@@ -97,6 +100,7 @@ def _atomic_write(path: Path, data: bytes) -> None:
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
+        os.chmod(tmp, CACHE_FILE_MODE)  # mkstemp makes 0600; a cache directory may be shared
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

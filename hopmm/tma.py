@@ -1,11 +1,15 @@
 """TMA tensor maps: validated descriptions and their 128-byte encodings.
 
 A `TensorMapSpec` describes a tiled view of a global-memory tensor, dims
-innermost first (a row-major M x K matrix is dims=(K, M)). `encode` checks it
+innermost first (a row-major M x K matrix is dims=(K, M)). `validate` checks it
 against the documented rules of cuTensorMapEncodeTiled, so mistakes surface as
-a `TmaError` naming the field instead of a bare CUDA_ERROR_INVALID_VALUE, and
-then asks the driver for the opaque map, which a kernel takes by value as a
-`const __grid_constant__ CUtensorMap` parameter (see `as_kernel_arg`).
+a `TmaError` naming the field instead of a bare CUDA_ERROR_INVALID_VALUE.
+
+matmul validates each spec once, when it builds a launch, and hands the spec to
+`_tensormap.KernelLaunch`, which re-encodes it with each call's base address.
+`encode`, `encode_into` and `as_kernel_arg` produce a standalone map (128 bytes,
+taken by value as a `const __grid_constant__ CUtensorMap`) for inspection, for
+tests, and for kernels launched through CuPy.
 """
 
 from dataclasses import dataclass
