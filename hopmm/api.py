@@ -29,6 +29,7 @@ class Plan:
     shapes: layout.MatmulShapes
     dtype: object
 
+
 @dataclass
 class KernelCall:
     """Operands as the kernel reads them, and the problem and choice made for them."""
@@ -38,7 +39,7 @@ class KernelCall:
     b_map: layout.BatchMapping
     problem: Problem
     choice: heuristics.Choice
-    copies: list = field(default_factory=list)  # operands copied to be TMA-readable
+    copies: list = field(default_factory=list)  # operands the kernel reads from a copy
 
 
 def use_schedule(name: str | None) -> None:
@@ -129,8 +130,10 @@ def _too_large_reason(shapes: layout.MatmulShapes) -> str | None:
 
 
 def _as_matrix_stack(x, is_vector: bool, vector_axis: int):
-    return x.reshape(x.shape + (1,)) if is_vector and vector_axis == 1 else (
-        x.reshape((1,) + x.shape) if is_vector else x)
+    """A 1-D operand as a matrix: a row (1, k) for a (axis 0), a column (k, 1) for b (axis 1)."""
+    if not is_vector:
+        return x
+    return x.reshape((1,) + x.shape) if vector_axis == 0 else x.reshape(x.shape + (1,))
 
 
 def _operand3d(x2, batch_shape: tuple):
@@ -179,8 +182,8 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     the schedule are decided on the operands exactly as the kernel will read them."""
     a3, a_map = _operand3d(_as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
     b3, b_map = _operand3d(_as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
-    a3, a_axis, a_copied = launch.prepare_operand(a3)
-    b3, b_axis, b_copied = launch.prepare_operand(b3)
+    a3, a_axis = launch.prepare_operand(a3)
+    b3, b_axis = launch.prepare_operand(b3)
     problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
                       dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
                       b_major="n" if b_axis == "cols" else "k")
@@ -189,7 +192,9 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     # heuristic.
     choice = ((None if _schedule_override else tuning.lookup(problem, dev))
               or heuristics.choose(problem, dev, _schedule_override))
-    copies = [name for name, copied in (("a", a_copied), ("b", b_copied)) if copied]
+    # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
+    # could not be a view, an aligned buffer) has its own.
+    copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
     return KernelCall(a3, a_map, b3, b_map, problem, choice, copies)
 
 
@@ -215,8 +220,7 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
         result[...] = c3.reshape(s.out_shape)
     # Remember the launches when a later call can repeat them on its own base addresses:
     # operands read in place (views share the caller's base pointer) and a direct store.
-    in_place = (call.a3.data.ptr == a.data.ptr and call.b3.data.ptr == b.data.ptr
-                and not call.copies and direct and c3.data.ptr == result.data.ptr)
+    in_place = not call.copies and direct
     if recipe_key is not None and in_place:
         fastpath.remember(recipe_key, fastpath.Recipe(s.out_shape, result.dtype, launches,
                                                       fastpath.relative_bounds(a),
@@ -242,11 +246,12 @@ def explain(a, b, out=None) -> str:
             call = _kernel_call(a, b, p.shapes)
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
+        grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count)
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
                   f"schedule: {c.schedule.name}",
                   f"kernel: {c.schedule.kernel_name(c.config)}",
-                  f"grid: {c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count)}, "
+                  f"grid: {grid}, "
                   f"{c.schedule.threads(c.config)} threads, {c.schedule.smem_bytes(c.config)} B "
                   f"shared memory (separate epilogue tile"
                   + (", stores overlap the next tile)" if c.schedule.overlap_store else ")"),

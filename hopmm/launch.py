@@ -33,7 +33,7 @@ def _loaded(cubin_path: str, name: str, smem_bytes: int, device_id: int):
 
 def prepare_operand(x3):
     """A (batch, rows, cols) operand as TMA can read it: the array itself when it can, else an
-    aligned row-major copy. Returns (array, contiguous axis "rows" | "cols", copied)."""
+    aligned row-major copy. Returns (array, its contiguous axis "rows" | "cols")."""
     import cupy
 
     nb, rows, cols = x3.shape
@@ -41,10 +41,10 @@ def prepare_operand(x3):
     major = layout.tma_major((rows, cols), (sr, sc), x3.itemsize, x3.data.ptr)
     batch_ok = nb == 1 or (sb > 0 and sb % layout.TMA_ALIGN == 0)
     if major is not None and batch_ok:
-        return x3, major, False
+        return x3, major
     buf = cupy.empty((nb, rows, layout.padded(cols, x3.itemsize)), dtype=x3.dtype)[:, :, :cols]
     buf[...] = x3
-    return buf, "cols", True
+    return buf, "cols"
 
 
 def _stride(stride: int, extent: int, fallback: int) -> int:
