@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import sys
 import threading
 import time

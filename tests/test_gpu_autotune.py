@@ -1,6 +1,4 @@
 """GPU: autotune times every candidate, records the fastest correct one, and matmul uses it."""
-import pytest
-
 from conftest import requires_hopper
 
 pytestmark = requires_hopper

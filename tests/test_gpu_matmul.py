@@ -1,6 +1,5 @@
 """GPU tier: hopmm.matmul against cupy.matmul (cuBLAS) on fresh random inputs, outputs
 poisoned with NaN first. Skips without a Hopper GPU."""
-import os
 
 import numpy as np
 import pytest
@@ -311,8 +310,6 @@ def test_fast_path_declines_an_overlapping_out(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fast_path_respects_alignment(dtype):
     """Same shape and strides, but a base 2 bytes off 16-byte alignment: not the same call."""
-    import hopmm
-
     big = rand((300, 264), dtype)
     aligned, shifted = big[:, :256], big[:, 1:257]
     b = rand((256, 128), dtype)

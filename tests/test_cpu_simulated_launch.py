@@ -1,0 +1,186 @@
+"""CPU: the whole Python side of a kernel call, run against a simulated GPU.
+
+CuPy is replaced by NumPy arrays that expose CuPy's pointer attributes, and the kernel by a
+stand-in that computes C = A @ B from nothing but what the real kernel receives: the three
+tensor-map templates (dims, byte strides, boxes), the base addresses and the integer
+arguments. A wrong stride, batch mapping, copy, chunk offset or remembered launch therefore
+gives a wrong result here exactly as it would on the GPU.
+"""
+import ctypes
+import sys
+import types
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+import hopmm
+from hopmm import api, device, fastpath, launch, layout
+from hopmm.schedules import BLOCK_M, TMA_BOX_ELEMS
+
+BF16 = np.dtype(ml_dtypes.bfloat16)
+
+
+class _Pointer:
+    def __init__(self, array):
+        self.ptr = array.__array_interface__["data"][0]
+        self.device_id = 0
+
+
+class _Device:
+    id = 0
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+class FakeArray(np.ndarray):
+    """A NumPy array with the attributes of a cupy.ndarray that hopmm reads."""
+
+    @property
+    def data(self):
+        return _Pointer(self)
+
+    @property
+    def device(self):
+        return _Device()
+
+
+def fake(x):
+    return np.asarray(x).view(FakeArray)
+
+
+def _fake_cupy():
+    m = types.ModuleType("cupy")
+    m.ndarray = FakeArray
+    m.empty = lambda shape, dtype=None: np.empty(shape, dtype).view(FakeArray)
+    m.result_type = np.result_type
+    m.broadcast_to = lambda x, shape: np.broadcast_to(x, shape).view(FakeArray)
+    m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
+    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0),
+                                   max_dynamic_shared_size_bytes=0)
+    m.RawModule = lambda path: types.SimpleNamespace(get_function=lambda name: kernel)
+    m.cuda = types.SimpleNamespace(
+        Device=_Device, runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+    return m
+
+
+def _view(address, dims, strides, dtype):
+    """The (batch, outer, inner) array a tensor map describes."""
+    inner, outer, nb = dims
+    nbytes = (nb - 1) * strides[1] + (outer - 1) * strides[0] + inner * dtype.itemsize
+    raw = (ctypes.c_char * nbytes).from_address(address)
+    flat = np.frombuffer(raw, dtype=np.uint8)
+    return np.lib.stride_tricks.as_strided(flat.view(dtype), (nb, outer, inner),
+                                           (strides[1], strides[0], dtype.itemsize))
+
+
+class SimulatedLaunch:
+    """What the kernel computes, reconstructed from its launch arguments only."""
+
+    launches = 0
+
+    def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints):
+        self.templates = map_templates
+        (self.k, self.z0, self.count, self.a_div, self.a_mod, self.b_div, self.b_mod,
+         self.tiles_m, self.tiles_n, self.group) = ints
+
+    def launch(self, stream, a_ptr, b_ptr, c_ptr):
+        SimulatedLaunch.launches += 1
+        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_) = \
+            self.templates
+        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
+        a, b, c = (_view(p, d, s, dt) for p, d, s in
+                   ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
+        # The box tells the layout, as in the kernel: a K-major A box spans block_m rows,
+        # an N-major B box is 64 x 64 (a K-major B box spans block_n rows).
+        a_k_major = a_box[1] == BLOCK_M
+        b_n_major = b_box[1] == TMA_BOX_ELEMS
+        n, m = c_dims[0], c_dims[1]
+        assert self.tiles_m == -(-m // BLOCK_M) and self.k == (a_dims[0] if a_k_major else a_dims[1])
+        for z in range(self.z0, self.z0 + self.count):
+            za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
+            am = a[za] if a_k_major else a[za].T          # (m, k)
+            bm = b[zb] if b_n_major else b[zb].T          # (k, n)
+            c[z] = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
+
+
+@pytest.fixture
+def simulated_gpu(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setattr(device, "query", lambda device_id: device.H100_SXM)
+    monkeypatch.setattr(launch, "query", lambda device_id: device.H100_SXM)
+    monkeypatch.setattr(hopmm._tensormap, "KernelLaunch", SimulatedLaunch)
+    fastpath.clear()
+    SimulatedLaunch.launches = 0
+    yield
+    fastpath.clear()
+
+
+def rand(shape, dtype=BF16):
+    return fake(np.random.standard_normal(shape).astype(np.float32).astype(dtype))
+
+
+def expect(a, b, got):
+    ref = np.matmul(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    got = np.asarray(got, np.float32)
+    assert got.shape == ref.shape and not np.isnan(got).any()
+    assert np.linalg.norm(got - ref) <= 1e-2 * max(np.linalg.norm(ref), 1e-30)
+
+
+CASES = {
+    "row_major": lambda: (rand((200, 96)), rand((96, 136))),
+    "a_transposed": lambda: (rand((96, 200)).T, rand((96, 136))),
+    "b_transposed": lambda: (rand((200, 96)), rand((136, 96)).T),
+    "both_transposed": lambda: (rand((96, 200)).T, rand((136, 96)).T),
+    "odd_sizes_copied": lambda: (rand((17, 23)), rand((23, 5))),
+    "misaligned_base": lambda: (rand((64, 130))[:, 1:129], rand((128, 64))),
+    "negative_strides": lambda: (rand((64, 128))[::-1], rand((128, 64))[:, ::-1]),
+    "batched": lambda: (rand((3, 40, 64)), rand((3, 64, 24))),
+    "broadcast_a": lambda: (rand((40, 64)), rand((3, 64, 24))),
+    "outer_inner_broadcast": lambda: (rand((2, 1, 40, 64)), rand((1, 3, 64, 24))),
+    "not_one_run": lambda: (rand((2, 1, 3, 8, 16)), rand((1, 4, 1, 16, 8))),
+    "vector_a": lambda: (rand((64,)), rand((64, 40))),
+    "vector_b": lambda: (rand((2, 40, 64)), rand((64,))),
+    "fp16": lambda: (rand((72, 64), np.float16), rand((64, 48), np.float16)),
+}
+
+
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_simulated_matmul(simulated_gpu, case):
+    a, b = CASES[case]()
+    expect(a, b, hopmm.matmul(a, b))
+    assert SimulatedLaunch.launches >= 1
+
+
+def test_out_views_and_aliasing(simulated_gpu):
+    a, b = rand((64, 64)), rand((64, 64))
+    big = fake(np.full((64, 128), np.nan, dtype=BF16))
+    out = big[:, ::2]
+    hopmm.matmul(a, b, out=out)
+    expect(a, b, out)
+    assert np.isnan(np.asarray(big[:, 1::2], np.float32)).all()
+    a0 = fake(a.copy())
+    hopmm.matmul(a, b, out=a)            # out is an input: computed aside, then copied
+    expect(a0, b, a)
+
+
+def test_repeat_calls_reuse_launches_on_new_arrays(simulated_gpu, monkeypatch):
+    planned = []
+    real_plan = api.plan
+    monkeypatch.setattr(api, "plan", lambda *args: planned.append(1) or real_plan(*args))
+    for _ in range(3):
+        a, b = rand((80, 64)), rand((64, 48))
+        expect(a, b, hopmm.matmul(a, b))
+    assert len(planned) == 1 and SimulatedLaunch.launches == 3
+
+
+def test_batches_beyond_one_grid(simulated_gpu, monkeypatch):
+    monkeypatch.setattr(layout, "MAX_GRID_Z", 4)   # split 10 batches into launches of 4
+    a, b = rand((10, 24, 32)), rand((32, 16))
+    expect(a, b, hopmm.matmul(a, b))
+    assert SimulatedLaunch.launches == 3
