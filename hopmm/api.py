@@ -102,20 +102,19 @@ def plan(a, b, out=None) -> Plan:
     if shapes.k == 0:
         return Plan("zeros", "k = 0: every element is an empty sum", shapes, dtype)
 
-    reason = _unsupported_reason(a, b, out) or _too_large_reason(shapes)
+    dev = device_mod.query(a.device.id)
+    reason = _unsupported_reason(a, b, out, dev) or _too_large_reason(shapes)
     if reason:
         return Plan("cupy.matmul", reason, shapes, dtype)
-    dev = device_mod.query(a.device.id)
     return Plan("kernel", f"{a.dtype.name} on {dev.name} (sm_90)", shapes, dtype)
 
 
-def _unsupported_reason(a, b, out) -> str | None:
+def _unsupported_reason(a, b, out, dev: device_mod.DeviceInfo) -> str | None:
     if a.dtype != b.dtype or a.dtype.name not in KERNEL_DTYPES:
         return (f"dtypes {a.dtype.name} @ {b.dtype.name}: hopmm's kernels take float16 or "
                 f"bfloat16 operands of one dtype")
     if out is not None and out.dtype != a.dtype:
         return f"out dtype {out.dtype.name} differs from the operands' {a.dtype.name}"
-    dev = device_mod.query(a.device.id)
     if not dev.is_hopper:
         cc = "%d.%d" % dev.compute_capability
         return f"{dev.name} is compute capability {cc}; hopmm's kernels need Hopper (9.0)"

@@ -94,7 +94,7 @@ def cache_dir() -> Path:
     return path
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Several processes may compile the same kernel: write aside, then rename into place."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
@@ -138,8 +138,8 @@ def _compile_cached(name: str, source: str) -> CompiledKernel:
         result = nvrtc.compile_cubin(source, f"{name}.cu", NVRTC_OPTIONS)
         report = ResourceReport.parse(result.log)
         # The cubin first, the log last: a readable log marks a complete entry.
-        _atomic_write(cubin_path, result.cubin)
-        _atomic_write(log_path, result.log.encode())
+        atomic_write(cubin_path, result.cubin)
+        atomic_write(log_path, result.log.encode())
     return CompiledKernel(name=name, cubin_path=cubin_path, report=report,
                           source_hash=render.sha256(source))
 

@@ -31,7 +31,6 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
     # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    trans_a, trans_b = problem.a_major == "m", problem.b_major == "n"
     # A 256-wide tile halves the B traffic per flop of a 128-wide one, but only pays while
     # there are enough tiles to give every SM work; with fewer, the narrower tile keeps more
     # SMs busy.
@@ -45,7 +44,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
                if problem.n > 128 else f"n = {problem.n} fits a 128-wide tile")
     # The narrower tile is the fallback when the wide one leaves too few stages.
     for width in sorted({block_n, 128}, reverse=True):
-        cfg = sched.deepest(problem.dtype, width, trans_a, trans_b, device.smem_per_block_optin)
+        cfg = sched.deepest(problem.dtype, width, problem.trans_a, problem.trans_b,
+                            device.smem_per_block_optin)
         if cfg is not None:
             break
         why = f"a {BLOCK_M}x{width} tile leaves fewer than {MIN_STAGES} stages"

@@ -40,6 +40,16 @@ class Problem:
         return 2 * self.m * self.n * self.k * self.batch
 
     @property
+    def trans_a(self) -> bool:
+        """A is M-major: the kernel reads it with wgmma's transpose bit."""
+        return self.a_major == "m"
+
+    @property
+    def trans_b(self) -> bool:
+        """B is N-major (row-major B): the kernel reads it with wgmma's transpose bit."""
+        return self.b_major == "n"
+
+    @property
     def layout(self) -> str:
         """BLAS-style layout tag: N = row-major operand, T = transposed view."""
         return ("N" if self.a_major == "k" else "T") + ("N" if self.b_major == "n" else "T")

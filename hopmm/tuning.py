@@ -13,14 +13,14 @@ import json
 import sys
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import compile as compiler
 from .device import DeviceInfo
 from .heuristics import Choice
 from .problem import KERNEL_DTYPES, Problem
-from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig
+from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES
 
 TABLE_NAME = "autotune-v1.json"
 RASTER_GROUPS = (8, 16, 32)
@@ -55,13 +55,12 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
         raise ValueError(f"block_n {entry.block_n!r} not in {sched.block_ns}")
     if type(entry.raster_group) is not int or entry.raster_group < 1:
         raise ValueError(f"raster_group {entry.raster_group!r} is not a positive int")
-    cfg = KernelConfig(dtype=problem.dtype, block_n=entry.block_n, stages=MIN_STAGES,
-                       trans_a=problem.a_major == "m", trans_b=problem.b_major == "n")
-    deepest = sched.max_stages(cfg, device.smem_per_block_optin)
-    if type(entry.stages) is not int or not MIN_STAGES <= entry.stages <= deepest:
-        raise ValueError(f"stages {entry.stages!r} not in {MIN_STAGES}..{deepest}")
-    cfg = KernelConfig(dtype=cfg.dtype, block_n=cfg.block_n, stages=entry.stages,
-                       trans_a=cfg.trans_a, trans_b=cfg.trans_b)
+    deepest = sched.deepest(problem.dtype, entry.block_n, problem.trans_a, problem.trans_b,
+                            device.smem_per_block_optin)
+    if deepest is None or type(entry.stages) is not int or not (
+            MIN_STAGES <= entry.stages <= deepest.stages):
+        raise ValueError(f"stages {entry.stages!r} do not fit this device's shared memory")
+    cfg = replace(deepest, stages=entry.stages)
     return Choice(sched, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
                               f"({table_path()})", entry.raster_group)
 
@@ -122,7 +121,7 @@ def record(new: dict) -> None:
         merged = _read(path) if path.exists() else {}
         merged.update(new)
         text = json.dumps({k: asdict(v) for k, v in sorted(merged.items())}, indent=1)
-        compiler._atomic_write(path, text.encode())
+        compiler.atomic_write(path, text.encode())
 
 
 def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
@@ -132,8 +131,8 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     out = []
     for sched in SCHEDULES.values():
         for block_n in sched.block_ns:
-            cfg = sched.deepest(problem.dtype, block_n, problem.a_major == "m",
-                                problem.b_major == "n", device.smem_per_block_optin)
+            cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                                device.smem_per_block_optin)
             if cfg is not None:
                 out.extend(Choice(sched, cfg, "autotune candidate", g) for g in groups)
     return out
