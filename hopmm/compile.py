@@ -39,6 +39,16 @@ _WARNING_CODE = re.compile(r"\((C\d{4})\)")
 CACHE_FILE_MODE = 0o644
 
 
+def _function_section(log: str, function: str | None) -> str:
+    """The lines of a ptxas log about one kernel (from its "Compiling entry function" line to
+    the next one), or the whole log if it names no such kernel."""
+    start = log.find(f"Compiling entry function '{function}'") if function else -1
+    if start < 0:
+        return log
+    end = log.find("Compiling entry function", start + 1)
+    return log[start:] if end < 0 else log[start:end]
+
+
 class ResourceError(RuntimeError):
     """A compiled kernel breaks a resource rule (spills, shared memory, serialized wgmma)."""
 
@@ -52,9 +62,12 @@ class ResourceReport:
     warnings: tuple  # ptxas lines that carry a diagnostic code (C....) or say "warning"
 
     @classmethod
-    def parse(cls, log: str) -> "ResourceReport":
-        regs = _REGISTERS.search(log)
-        frame = _FRAME.search(log)
+    def parse(cls, log: str, function: str | None = None) -> "ResourceReport":
+        """Reads the report of `function` (the log's only or first kernel when None); the
+        diagnostics of every line count."""
+        section = _function_section(log, function)
+        regs = _REGISTERS.search(section)
+        frame = _FRAME.search(section)
         if not regs or not frame:
             raise ResourceError(f"no ptxas resource report in the compile log:\n{log}")
         warnings = tuple(line.strip() for line in log.splitlines()
@@ -113,15 +126,30 @@ def cache_key(kernel: render.RenderedKernel, options=NVRTC_OPTIONS) -> str:
     return render.sha256("\n".join([kernel.source, *options, f"nvrtc {major}.{minor}"]))[:40]
 
 
-def _cached_report(cubin_path: Path, log_path: Path) -> ResourceReport | None:
+def _cached_report(name: str, cubin_path: Path, log_path: Path) -> ResourceReport | None:
     """The report of a complete cache entry; None for a missing, partial or unreadable one
     (another process mid-write, an interrupted run, a foreign file), which is recompiled."""
     try:
         if cubin_path.stat().st_size == 0:
             return None
-        return ResourceReport.parse(log_path.read_text())
+        return ResourceReport.parse(log_path.read_text(), name)
     except (OSError, ValueError, ResourceError):
         return None
+
+
+def _compile_with_report(name: str, source: str) -> nvrtc.CompileResult:
+    """Compiles `source`, making sure the ptxas report comes with it. NVRTC (12.9 and later)
+    keeps its own cache of compiled programs, and on a hit it returns the cubin with an empty
+    log (seen on the GPU machine: the same source compiled twice in one process). Then the
+    source is compiled once more with an empty kernel of a name used once: a program NVRTC
+    has not seen, whose log reports every kernel in it. The cubin of the first compile is
+    kept; the report is read from the section of the log about kernel `name`."""
+    result = nvrtc.compile_cubin(source, f"{name}.cu", NVRTC_OPTIONS)
+    if _REGISTERS.search(result.log):
+        return result
+    marker = f'\nextern "C" __global__ void hopmm_report_{os.urandom(8).hex()}() {{}}\n'
+    again = nvrtc.compile_cubin(source + marker, f"{name}.cu", NVRTC_OPTIONS)
+    return nvrtc.CompileResult(cubin=result.cubin, log=again.log)
 
 
 @functools.lru_cache(maxsize=None)
@@ -130,13 +158,13 @@ def _compile_cached(name: str, source: str) -> CompiledKernel:
     key = cache_key(kernel)
     cubin_path = cache_dir() / f"{name}-{key}.cubin"
     log_path = cubin_path.with_suffix(".log")
-    report = _cached_report(cubin_path, log_path)
+    report = _cached_report(name, cubin_path, log_path)
     if report is None:
         if os.environ.get("HOPMM_DUMP_SOURCE"):
             Path(os.environ["HOPMM_DUMP_SOURCE"]).mkdir(parents=True, exist_ok=True)
             (Path(os.environ["HOPMM_DUMP_SOURCE"]) / f"{name}.cu").write_text(source)
-        result = nvrtc.compile_cubin(source, f"{name}.cu", NVRTC_OPTIONS)
-        report = ResourceReport.parse(result.log)
+        result = _compile_with_report(name, source)
+        report = ResourceReport.parse(result.log, name)
         # The cubin first, the log last: a readable log marks a complete entry.
         atomic_write(cubin_path, result.cubin)
         atomic_write(log_path, result.log.encode())

@@ -18,7 +18,7 @@ SMEM_ALIGN = 1024        # the kernel rounds its dynamic smem base up to this
 MBARRIER_BYTES = 8
 WGMMA_M = 64
 BLOCK_M = 2 * WGMMA_M     # two consumer warpgroups of 64 rows each
-WGMMA_NS = (64, 128, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
+WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
 MIN_STAGES = 2
@@ -69,7 +69,9 @@ class WarpSpecializedSchedule:
     }
     # Whether a CTA's TMA store stays in flight while the CTA goes on to its next tile.
     overlap_store = False
-    block_ns = (128, 256)
+    # 192 is there for wave quantization: 3000 x 3000 makes 288 tiles of 128 x 256 (2.2 waves
+    # of 132 SMs, the third one 18 % full) but 384 of 128 x 192 (2.9 waves).
+    block_ns = (128, 192, 256)
 
     @classmethod
     def snippets(cls) -> list[str]:

@@ -60,13 +60,15 @@ def _fake_cupy():
     m.result_type = np.result_type
     m.broadcast_to = lambda x, shape: np.broadcast_to(x, shape).view(FakeArray)
     m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
-    kernel = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0),
-                                   max_dynamic_shared_size_bytes=0)
-    m.RawModule = lambda path: types.SimpleNamespace(get_function=lambda name: kernel)
     m.cuda = types.SimpleNamespace(
         Device=_Device, runtime=types.SimpleNamespace(getDevice=lambda: 0),
         get_current_stream=lambda: types.SimpleNamespace(ptr=0))
     return m
+
+
+_REAL_LOADED = launch._loaded
+_FAKE_KERNEL = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0),
+                                     max_dynamic_shared_size_bytes=0)
 
 
 def _view(address, dims, strides, dtype):
@@ -115,6 +117,9 @@ def simulated_gpu(monkeypatch):
     monkeypatch.setattr(device, "query", lambda device_id: device.H100_SXM)
     monkeypatch.setattr(launch, "query", lambda device_id: device.H100_SXM)
     monkeypatch.setattr(hopmm._tensormap, "KernelLaunch", SimulatedLaunch)
+    # Stand in for the loaded kernel without touching launch._loaded's cache: on a machine
+    # with a GPU, a fake handle left there would be launched by the GPU tests that follow.
+    monkeypatch.setattr(launch, "_loaded", lambda *args: _FAKE_KERNEL)
     fastpath.clear()
     SimulatedLaunch.launches = 0
     yield
@@ -184,3 +189,11 @@ def test_batches_beyond_one_grid(simulated_gpu, monkeypatch):
     a, b = rand((10, 24, 32)), rand((32, 16))
     expect(a, b, hopmm.matmul(a, b))
     assert SimulatedLaunch.launches == 3
+
+
+def test_leaves_the_loaded_kernel_cache_alone(simulated_gpu):
+    """The GPU tests that run after these in one process must never see a stand-in kernel."""
+    before = _REAL_LOADED.cache_info().currsize
+    a, b = rand((64, 64)), rand((64, 64))
+    expect(a, b, hopmm.matmul(a, b))
+    assert _REAL_LOADED.cache_info().currsize == before

@@ -132,3 +132,41 @@ def test_damaged_cache_entry_is_recompiled(tmp_path, monkeypatch, damage):
     assert again.report == first.report and again.cubin_path.stat().st_size > 0
     assert compiler.ResourceReport.parse(log.read_text()) == first.report
     compiler._compile_cached.cache_clear()
+
+
+def test_a_compile_served_from_nvrtcs_own_cache_still_gets_its_report(tmp_path, monkeypatch):
+    """NVRTC answers a program it compiled before with the cubin and an empty log (seen on the
+    GPU machine): hopmm compiles a program new to NVRTC for the report, keeps the first cubin,
+    and reads the report of its own kernel, not of the extra one."""
+    monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
+    compiler._compile_cached.cache_clear()
+    sched, cfg = CASES[0]
+    rendered = sched.render(cfg)
+    reference = compiler.nvrtc.compile_cubin(rendered.source, f"{rendered.name}.cu",
+                                             compiler.NVRTC_OPTIONS)
+    real, sources = compiler.nvrtc.compile_cubin, []
+
+    def first_call_hits_nvrtcs_cache(source, name, options):
+        result = real(source, name, options)
+        sources.append(source)
+        return compiler.nvrtc.CompileResult(result.cubin, "") if len(sources) == 1 else result
+
+    monkeypatch.setattr(compiler.nvrtc, "compile_cubin", first_call_hits_nvrtcs_cache)
+    kernel = compiler.compile_kernel(rendered)
+    compiler._compile_cached.cache_clear()
+    assert len(sources) == 2 and sources[0] == rendered.source != sources[1]
+    assert kernel.report == compiler.ResourceReport.parse(reference.log, rendered.name)
+    assert kernel.cubin_path.read_bytes() == reference.cubin
+    assert compiler.cache_key(rendered) in kernel.cubin_path.name  # keyed by the real source
+
+
+def test_report_is_read_for_the_named_kernel():
+    log = ("ptxas info    : Compiling entry function 'other' for 'sm_90a'\n"
+           "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+           "ptxas info    : Used 4 registers, used 0 barriers\n"
+           "ptxas info    : Compiling entry function 'mine' for 'sm_90a'\n"
+           "ptxas         .     8 bytes stack frame, 8 bytes spill stores, 4 bytes spill loads\n"
+           "ptxas info    : Used 168 registers, used 16 barriers\n")
+    mine = compiler.ResourceReport.parse(log, "mine")
+    assert (mine.registers, mine.stack_frame, mine.spill_stores, mine.spill_loads) == (168, 8, 8, 4)
+    assert compiler.ResourceReport.parse(log).registers == 4

@@ -8,6 +8,7 @@ import pytest
 from hopmm import tuning
 from hopmm.device import H100_SXM
 from hopmm.problem import Problem
+from hopmm.schedules import SCHEDULES
 
 PROBLEM = Problem(4096, 4096, 4096, 1, "bfloat16", "k", "n")
 
@@ -72,13 +73,13 @@ def test_entry_of_an_unknown_schedule_is_ignored(capsys):
 def test_candidates_cover_schedules_widths_and_groups():
     cands = tuning.candidates(PROBLEM, H100_SXM)
     names = {tuning.label(c) for c in cands}
-    assert len(names) == len(cands) == 2 * 2 * 3
+    assert len(names) == len(cands) == sum(len(s.block_ns) for s in SCHEDULES.values()) * 3
     small = tuning.candidates(Problem(256, 4096, 4096, 1, "bfloat16", "k", "n"), H100_SXM)
     assert {c.raster_group for c in small} == {2}  # only two M tiles to group
 
 
 @pytest.mark.parametrize("field,value", [("raster_group", 0), ("block_n", "256"),
-                                         ("block_n", 192), ("stages", 50), ("stages", 1)])
+                                         ("block_n", 96), ("stages", 50), ("stages", 1)])
 def test_invalid_entries_are_ignored(field, value, capsys):
     fields = dict(schedule="persistent", block_n=256, stages=3, group=16)
     fields[{"raster_group": "group"}.get(field, field)] = value

@@ -30,7 +30,8 @@ struct TileShape {
     static constexpr int kWgmmaM = 64;
     static_assert(kBlockM == kConsumers * kWgmmaM, "each consumer warpgroup owns 64 rows");
     static_assert(kBlockK == kTmaBoxElems, "one 128-byte swizzle atom of K per stage");
-    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 256, "N tile: a wgmma N extent");
+    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
+                  "N tile: a wgmma N extent wgmma.cuh instantiates, a whole number of 64-wide boxes");
     // A stage is released only after the next k-block's wgmma group is committed, so one
     // stage would deadlock.
     static_assert(kStages >= 2, "at least two pipeline stages");
