@@ -255,4 +255,8 @@ def explain(a, b, out=None) -> str:
                   f"shared memory (separate epilogue tile"
                   + (", stores overlap the next tile)" if c.schedule.overlap_store else ")"),
                   f"heuristic: {c.reason}"]
+        if c.schedule.cluster_size > 1:
+            lines.insert(-1, f"cluster: {c.schedule.cluster_size} CTAs on adjacent M tiles; "
+                             f"each loads its A tile and 1/{c.schedule.cluster_size} of the "
+                             f"shared B tile, multicast to all of them")
     return "\n".join(lines)

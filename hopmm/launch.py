@@ -89,12 +89,14 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
     kernel = _loaded(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
 
-    # A: K-major -> one box of (64 k, block_m rows); M-major -> boxes of (64 m, 64 k).
+    # A: K-major -> one box of (64 k, a_rows rows); M-major -> boxes of (64 m, 64 k).
+    # B: N-major -> boxes of (64 n, 64 k); K-major -> one box of (64 k, b_rows rows).
+    # The schedule says how many rows a K-major box holds (a cluster loads slices of a tile).
+    a_rows, b_rows = sched.box_rows(cfg)
     spec_a = (matrix_spec(a3, "rows", cfg.block_k) if cfg.trans_a
-              else matrix_spec(a3, "cols", cfg.block_m))
-    # B: N-major -> boxes of (64 n, 64 k); K-major -> one box of (64 k, block_n rows).
+              else matrix_spec(a3, "cols", a_rows))
     spec_b = (matrix_spec(b3, "cols", cfg.block_k) if cfg.trans_b
-              else matrix_spec(b3, "rows", cfg.block_n))
+              else matrix_spec(b3, "rows", b_rows))
     spec_c = matrix_spec(c3, "cols", TMA_BOX_ELEMS)
     templates = []
     for spec in (spec_a, spec_b, spec_c):

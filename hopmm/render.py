@@ -67,7 +67,9 @@ class RenderedKernel:
 
 def render_kernel(name: str, snippets: list[str], fields: dict, slots: dict) -> RenderedKernel:
     """Fills kernel_entry.cu.in: `fields` become `static constexpr` members of Config,
-    `slots` name the skeleton and the producer / consumer / epilogue types."""
+    `slots` name the skeleton and the producer / consumer / epilogue types, and may give
+    KERNEL_ATTRIBUTES (e.g. `__cluster_dims__(2, 1, 1) `; none by default)."""
+    slots = {"KERNEL_ATTRIBUTES": "", **slots}
     body, hashes = inline_snippets(snippets)
     provenance = " ".join(f"{n}@{h[:16]}" for n, h in sorted(hashes.items()))
     config_fields = "\n".join(f"    static constexpr {_ctype(v)} {k} = {_cvalue(v)};"

@@ -9,6 +9,9 @@ from . import sass
 from .device import DeviceInfo
 from .schedules import SCHEDULES
 
+# A cluster kernel meets its peers twice: after the mbarrier init and before exit.
+CLUSTER_BARRIERS = 2
+
 
 @dataclass(frozen=True)
 class KernelCheck:
@@ -33,8 +36,29 @@ def check_all(device: DeviceInfo) -> list[KernelCheck]:
             smem = schedule.smem_bytes(cfg)
             summary = sass.summarize(kernel.cubin_path, tool) if tool else None
             r = kernel.report
+            problems = r.problems(smem, device.smem_per_block_optin)
+            problems += cluster_problems(schedule, summary) if summary else []
             out.append(KernelCheck(kernel.name, r.registers, smem, r.spill_stores + r.spill_loads,
-                                   summary, tuple(r.problems(smem, device.smem_per_block_optin))))
+                                   summary, tuple(problems)))
+    return out
+
+
+def cluster_problems(schedule, summary: sass.SassSummary) -> list[str]:
+    """A cluster kernel must multicast its TMA loads, arrive on its peers' mbarriers and meet
+    its peers at cluster barriers (after the barrier init and before exit); a kernel without a
+    cluster must do none of it."""
+    c = summary.counts
+    if schedule.cluster_size == 1:
+        used = [name for name in ("tma_multicast", "cluster_barrier", "remote_arrive") if c[name]]
+        return [f"cluster instructions without a cluster: {', '.join(used)}"] if used else []
+    out = []
+    if not c["tma_multicast"]:
+        out.append("no multicast TMA load (UTMALDG.MULTICAST) in a cluster kernel")
+    if not c["remote_arrive"]:
+        out.append("no arrive on a peer CTA's mbarrier in a cluster kernel")
+    if c["cluster_barrier"] < 2 * CLUSTER_BARRIERS:
+        out.append(f"{c['cluster_barrier']} cluster barrier instructions: expected an arrive and a "
+                   f"wait for each of {CLUSTER_BARRIERS} cluster barriers (init, exit)")
     return out
 
 

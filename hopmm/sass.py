@@ -17,6 +17,9 @@ _OPCODES = {
     "stmatrix": re.compile(r"\bSTSM\b"),
     "local_memory": re.compile(r"\b(LDL|STL)\b"),
     "setmaxnreg": re.compile(r"\bUSETMAXREG\b"),
+    "tma_multicast": re.compile(r"\bUTMALDG\.[\w.]*MULTICAST\b"),   # counted in tma_load too
+    "cluster_barrier": re.compile(r"\bUCGABAR_(ARV|WAIT)\b"),
+    "remote_arrive": re.compile(r"\bSYNCS\.ARRIVE\.TRANS64\.RED\b"),  # mbarrier on a peer CTA
 }
 _ARCH = re.compile(r"code for (sm_\w+)")
 

@@ -22,6 +22,7 @@ WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiate
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
 MIN_STAGES = 2
+CLUSTER_PAIR = 2          # CTAs per thread-block cluster of the cluster schedule
 
 
 @dataclass(frozen=True)
@@ -72,6 +73,8 @@ class WarpSpecializedSchedule:
     # 192 is there for wave quantization: 3000 x 3000 makes 288 tiles of 128 x 256 (2.2 waves
     # of 132 SMs, the third one 18 % full) but 384 of 128 x 192 (2.9 waves).
     block_ns = (128, 192, 256)
+    # CTAs per thread-block cluster (1: no cluster).
+    cluster_size = 1
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -100,6 +103,12 @@ class WarpSpecializedSchedule:
         return (smem_limit - fixed) // per_stage
 
     @staticmethod
+    def box_rows(cfg: KernelConfig) -> tuple[int, int]:
+        """Rows (M for A, N for B) of one TMA box of a K-major A and a K-major B: the whole
+        tile, loaded in one box. (MN-major operands are read in 64 x 64 boxes.)"""
+        return cfg.block_m, cfg.block_n
+
+    @staticmethod
     def threads(cfg: KernelConfig) -> int:
         return (1 + cfg.consumers) * WARPGROUP_THREADS
 
@@ -126,6 +135,7 @@ class WarpSpecializedSchedule:
             "kStages": cfg.stages, "kConsumers": cfg.consumers,
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
+            "kClusterSize": cls.cluster_size,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
         }
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
@@ -171,4 +181,68 @@ class PersistentSchedule(WarpSpecializedSchedule):
         return (min(sm_count, tiles_m * tiles_n * batch_count), 1, 1)
 
 
-SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule)}
+class PersistentClusterSchedule(PersistentSchedule):
+    """The persistent kernel in thread-block clusters of two CTAs that compute vertically
+    adjacent tiles (M tiles 2i and 2i + 1 of one N column) and so share their B tile: each CTA
+    loads its own A tile and half of B, and TMA multicasts that half into both CTAs. B is the
+    operand shared because it is the larger one of a 128 x 256 tile: per k-block a CTA then
+    pulls 128 + 128 rows from L2 instead of 128 + 256 (a third less; sharing A across adjacent
+    N tiles would save a sixth). With 128 x 128 tiles the saving is a quarter either way.
+    Tiles 2i, 2i + 1 are neighbours in the grouped raster, which the cluster walks pair by
+    pair."""
+
+    name = "persistent_cluster"
+    skeleton = "kernel_persistent_cluster.cuh"
+    cluster_size = CLUSTER_PAIR
+    # Each CTA multicasts block_n / 2 columns of B, a whole number of 64-wide N-major boxes
+    # only for these widths.
+    block_ns = (128, 256)
+    slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_cluster_gemm",
+                 PRODUCER="hopmm::MulticastTmaProducer",
+                 KERNEL_ATTRIBUTES=f"__cluster_dims__({CLUSTER_PAIR}, 1, 1) ")
+
+    @classmethod
+    def snippets(cls) -> list[str]:
+        return super().snippets() + ["producer_tma_multicast.cuh"]
+
+    @classmethod
+    def box_rows(cls, cfg: KernelConfig) -> tuple[int, int]:
+        """Each CTA loads one 1/cluster_size slice of the shared B tile."""
+        return cfg.block_m, cfg.block_n // cls.cluster_size
+
+    @classmethod
+    def pairs(cls, problem: Problem, cfg: KernelConfig, batch_count: int) -> int:
+        """Tile groups the clusters walk: ceil(M tiles / cluster_size) x N tiles per slice."""
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return -(-tiles_m // cls.cluster_size) * tiles_n * batch_count
+
+    @classmethod
+    def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+             sm_count: int) -> tuple[int, int, int]:
+        """One cluster per pair of SMs (at most one per pair of tiles); x is a multiple of the
+        cluster size, as __cluster_dims__ requires."""
+        clusters = min(max(1, sm_count // cls.cluster_size),
+                       cls.pairs(problem, cfg, batch_count))
+        return (clusters * cls.cluster_size, 1, 1)
+
+    @classmethod
+    def cta_tiles(cls, cta: int, clusters: int, tiles_m: int, tiles_n: int, group: int,
+                  batch_count: int) -> list[tuple[int, int, int]]:
+        """(batch, M tile, N tile) of every tile CTA `cta` (blockIdx.x) of a grid of `clusters`
+        clusters computes, in order, including a tile past the last M tile (computed, never
+        stored): kernel_persistent_cluster.cuh's walk, for the tests."""
+        from .layout import grouped_raster
+
+        cluster, rank = divmod(cta, cls.cluster_size)
+        pairs_m = -(-tiles_m // cls.cluster_size)
+        pair_group = -(-group // cls.cluster_size)
+        per_slice = pairs_m * tiles_n
+        out = []
+        for p in range(cluster, per_slice * batch_count, clusters):
+            pair_m, n_tile = grouped_raster(p % per_slice, pairs_m, tiles_n, pair_group)
+            out.append((p // per_slice, pair_m * cls.cluster_size + rank, n_tile))
+        return out
+
+
+SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
+                                 PersistentClusterSchedule)}

@@ -125,7 +125,8 @@ def record(new: dict) -> None:
 
 
 def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
-    """Every schedule x tile width x raster group that fits, with the deepest pipeline."""
+    """Every schedule x tile width x raster group that fits, with the deepest pipeline. (A
+    cluster schedule walks its groups of M tiles pair by pair: same groups, same meaning.)"""
     tiles_m = -(-problem.m // BLOCK_M)
     groups = sorted({min(g, tiles_m) for g in RASTER_GROUPS})
     out = []

@@ -13,7 +13,7 @@ DTYPES = ["bfloat16", "float16"]
 EDGE = [1, 17, 100, 1000, 1023, 4097]
 
 
-SCHEDULE_NAMES = ["warp_specialized", "persistent"]
+SCHEDULE_NAMES = ["warp_specialized", "persistent", "persistent_cluster"]
 
 
 @pytest.fixture(autouse=True)

@@ -40,6 +40,25 @@ def test_sass(compiled):
     assert s.counts["local_memory"] == 0
 
 
+def test_cluster_sass(compiled):
+    """A cluster kernel multicasts its shared operand (UTMALDG.MULTICAST), arrives on its
+    peer's empty barriers and meets its peer at two cluster barriers (after the mbarrier init,
+    before exit); the other kernels do none of that."""
+    from hopmm.report import CLUSTER_BARRIERS, cluster_problems
+
+    tool = sass.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    sched, _, kernel = compiled
+    s = sass.summarize(kernel.cubin_path, tool)
+    assert cluster_problems(sched, s) == []
+    if sched.cluster_size > 1:
+        assert s.counts["tma_multicast"] > 0 and s.counts["remote_arrive"] > 0
+        assert s.counts["cluster_barrier"] == 2 * CLUSTER_BARRIERS
+        # A is still loaded by each CTA on its own.
+        assert s.counts["tma_load"] > s.counts["tma_multicast"]
+
+
 def test_pipeline_structure(compiled):
     """Seed 000: one commit per k-block and a single wait_group 0 flush; seed 004: the proxy
     fence sits in straight-line code before the epilogue barrier."""

@@ -73,7 +73,9 @@ def test_entry_of_an_unknown_schedule_is_ignored(capsys):
 def test_candidates_cover_schedules_widths_and_groups():
     cands = tuning.candidates(PROBLEM, H100_SXM)
     names = {tuning.label(c) for c in cands}
-    assert len(names) == len(cands) == sum(len(s.block_ns) for s in SCHEDULES.values()) * 3
+    widths = sum(len(s.block_ns) for s in SCHEDULES.values())
+    assert len(names) == len(cands) == widths * len(tuning.RASTER_GROUPS)
+    assert {c.schedule.name for c in cands} >= {"persistent", "persistent_cluster"}
     small = tuning.candidates(Problem(256, 4096, 4096, 1, "bfloat16", "k", "n"), H100_SXM)
     assert {c.raster_group for c in small} == {2}  # only two M tiles to group
 

@@ -46,12 +46,12 @@ struct WgmmaConsumer {
             wgmma_wait_group<1>();
             wgmma_fence_operands(acc);
             // Only the group of the previous k-block is known complete: release its stage.
-            if (leader && prev_stage >= 0) mbar_arrive(smem.empty_bar(prev_stage));
+            if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
             prev_stage = s;
         }
         wgmma_wait_group<0>();
         wgmma_fence_operands(acc);
-        if (leader && prev_stage >= 0) mbar_arrive(smem.empty_bar(prev_stage));
+        if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
     }
 };
 

@@ -3,6 +3,7 @@
 // derived, so the Python side and the kernel can never disagree about byte counts.
 #pragma once
 #include "wgmma.cuh"
+#include "cluster.cuh"
 
 namespace hopmm {
 
@@ -27,6 +28,11 @@ struct TileShape {
     static constexpr int kStages = Cfg::kStages;
     static constexpr int kConsumers = Cfg::kConsumers;
     static constexpr int kThreads = (1 + kConsumers) * kWarpgroupThreads;
+    // CTAs per thread-block cluster. In a cluster every CTA's producer writes into every
+    // stage of every CTA (multicast), so a stage is free again only once the consumers of all
+    // CTAs released it: each consumer arrives on the empty barrier of each CTA.
+    static constexpr int kClusterSize = Cfg::kClusterSize;
+    static constexpr u32 kEmptyArrivals = kConsumers * kClusterSize;
     static constexpr int kWgmmaM = 64;
     static_assert(kBlockM == kConsumers * kWgmmaM, "each consumer warpgroup owns 64 rows");
     static_assert(kBlockK == kTmaBoxElems, "one 128-byte swizzle atom of K per stage");
@@ -74,6 +80,21 @@ struct SharedStorage {
     }
 };
 
+// A consumer is done reading stage s: it tells the producer(s) that refill it. In a cluster
+// that is every CTA's producer, each of which waits on its own CTA's empty barrier.
+template <class Cfg>
+__device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& smem, int s) {
+    typedef TileShape<Cfg> S;
+    if constexpr (S::kClusterSize == 1) {
+        mbar_arrive(smem.empty_bar(s));
+    } else {
+        const u32 local = smem_addr(smem.empty_bar(s));
+#pragma unroll
+        for (int rank = 0; rank < S::kClusterSize; ++rank)
+            mbar_arrive_cluster(mapa_shared(local, rank));
+    }
+}
+
 // Rounds the dynamic shared memory up to kSmemAlign, initialises the stage barriers and
 // prefetches the tensor maps (thread 0), then synchronises the CTA: every skeleton's prologue.
 template <class Cfg>
@@ -88,7 +109,7 @@ __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char
     if (threadIdx.x == 0) {
         for (int s = 0; s < S::kStages; ++s) {
             mbar_init(smem.full_bar(s), 1);                  // the producer's expect_tx arrive
-            mbar_init(smem.empty_bar(s), S::kConsumers);     // one arrive per consumer
+            mbar_init(smem.empty_bar(s), S::kEmptyArrivals);  // one per consumer per CTA
         }
         fence_barrier_init();
         tma_prefetch_map(map_a);

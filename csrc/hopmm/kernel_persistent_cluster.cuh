@@ -1,0 +1,95 @@
+// Kernel skeleton: the persistent warp-specialized kernel (kernel_persistent.cuh) in
+// thread-block clusters of kClusterSize CTAs along x (the entry point carries
+// __cluster_dims__). The CTAs of a cluster compute vertically adjacent output tiles that share
+// one B tile: CTA `rank` of the cluster takes M tile kClusterSize * pair_m + rank. B is the
+// operand worth sharing: with 128 x 256 tiles it is the larger one (256 rows against A's
+// 128), so multicasting it halves the bigger part of the L2 -> SM traffic.
+//
+// The cluster walks groups of kClusterSize tiles ("pairs" for a cluster of two) in the grouped
+// raster's order, pair p = cluster id, + number of clusters, ...; both CTAs iterate over the
+// same pairs, so they run the same number of k-blocks through the same stage ring (their
+// barriers are coupled through the multicast). A CTA whose tile lies past the last M tile (an
+// odd number of M tiles) still loads and takes part in every barrier, but stores nothing.
+//
+// Cluster lifetime: the mbarriers are initialised and published cluster-wide (fence in
+// setup_shared_storage, then a cluster barrier) before any peer may arrive on them or
+// multicast into this CTA, and no CTA exits before the peers are done with its shared
+// memory (a second cluster barrier at the end).
+#pragma once
+#include "tile_config.cuh"
+#include "tile_raster.cuh"
+
+namespace hopmm {
+
+// The raster over pairs: ceil(tiles_m / kClusterSize) rows of pairs by tiles_n columns, and a
+// raster group of `group` M tiles is group / kClusterSize rows of pairs (rounded up), so the
+// wave footprint in L2 matches the unclustered kernel's.
+template <int CLUSTER>
+__device__ __forceinline__ GroupedRaster cluster_raster(GroupedRaster tiles) {
+    return GroupedRaster{(tiles.tiles_m + CLUSTER - 1) / CLUSTER, tiles.tiles_n,
+                         (tiles.group + CLUSTER - 1) / CLUSTER};
+}
+
+template <class Cfg, class Producer, class Consumer, class Epilogue>
+__device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
+                                                        const TensorMap* map_b,
+                                                        const TensorMap* map_c, int k,
+                                                        int batch_offset, int batch_count,
+                                                        BatchMap batch_a, BatchMap batch_b,
+                                                        GroupedRaster raster) {
+    typedef TileShape<Cfg> S;
+    static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
+    static_assert(S::kClusterSize > 1, "a cluster kernel");
+    extern __shared__ unsigned char smem_raw[];
+    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
+    // Peers arrive on this CTA's empty barriers and multicast into its full barriers: their
+    // initialisation (fence.mbarrier_init.release.cluster) must be visible cluster-wide first.
+    cluster_sync();
+
+    const int rank = static_cast<int>(cluster_ctarank());
+    const GroupedRaster pairs = cluster_raster<S::kClusterSize>(raster);
+    const int pairs_per_slice = pairs.tiles_m * pairs.tiles_n;
+    const int total_pairs = pairs_per_slice * batch_count;
+    const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    int ring = 0;
+
+    if (warpgroup == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (thread == 0) {
+            for (int p = cluster_id_x(); p < total_pairs; p += cluster_count_x()) {
+                const int z = batch_offset + p / pairs_per_slice;
+                int pair_m, n_tile;
+                pairs.tile(p % pairs_per_slice, pair_m, n_tile);
+                const int m_tile = pair_m * S::kClusterSize + rank;
+                Producer::load_tile(map_a, map_b, smem, rank, m_tile * S::kBlockM,
+                                    n_tile * S::kBlockN, batch_a(z), batch_b(z), num_k_blocks,
+                                    ring);
+            }
+        }
+    } else {
+        setmaxnreg_inc<kConsumerRegs>();
+        const int consumer = warpgroup - 1;
+        Consumer consumer_state;
+        for (int p = cluster_id_x(); p < total_pairs; p += cluster_count_x()) {
+            const int z = batch_offset + p / pairs_per_slice;
+            int pair_m, n_tile;
+            pairs.tile(p % pairs_per_slice, pair_m, n_tile);
+            const int m_tile = pair_m * S::kClusterSize + rank;
+            consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
+            // The whole tile is below the last row of C: nothing to store (the branch is
+            // uniform over the CTA, and the epilogue's barriers are per consumer).
+            if (m_tile < raster.tiles_m)
+                Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
+                                m_tile * S::kBlockM + consumer * S::kWgmmaM,
+                                n_tile * S::kBlockN, z);
+        }
+        Epilogue::finish(thread);
+    }
+    // A peer may still arrive on this CTA's empty barriers (its consumers' last releases)
+    // after this CTA's own work is done: stay until every thread of the cluster got here.
+    cluster_sync();
+}
+
+}  // namespace hopmm

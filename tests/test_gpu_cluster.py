@@ -1,0 +1,210 @@
+"""GPU tier, persistent_cluster only: what is specific to clusters of two CTAs sharing a B
+tile through TMA multicast. Pairs whose second tile lies past the last M tile (odd M-tile
+counts, in every batch slice), one tile, raster groups, both tile widths on every layout,
+bitwise equality with the unclustered persistent kernel (same tiles, same k order: a misplaced
+multicast slice or a stage reused too early changes bits) and run-to-run repeatability.
+The general cases run on this schedule through SCHEDULE_NAMES in test_gpu_matmul.py."""
+import pytest
+
+from conftest import requires_hopper
+
+pytestmark = requires_hopper
+
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+DTYPES = ["bfloat16", "float16"]
+LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]
+LAYOUT_IDS = ["NN", "TN", "NT", "TT"]
+SPARE_ROWS = 128   # rows of NaN below each result slice: a stray store past m lands there
+
+
+@pytest.fixture(autouse=True)
+def _cluster_schedule(monkeypatch):
+    import hopmm
+
+    monkeypatch.setenv("HOPMM_STRICT", "1")
+    hopmm.use_schedule("persistent_cluster")
+    yield
+    hopmm.use_schedule(None)
+
+
+def rand(shape, dtype):
+    import cupy
+
+    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
+
+
+def operands(m, n, k, dtype, ta=False, tb=False, batch=()):
+    a = rand(batch + (k, m), dtype).swapaxes(-1, -2) if ta else rand(batch + (m, k), dtype)
+    b = rand(batch + (n, k), dtype).swapaxes(-1, -2) if tb else rand(batch + (k, n), dtype)
+    return a, b
+
+
+def run(a, b, block_n, group=16, schedule="persistent_cluster"):
+    """C = A @ B on one forced schedule, tile width and raster group, stored into a
+    NaN-poisoned buffer with spare rows below each slice and padding right of each row.
+    Returns (the result view, the whole buffer)."""
+    import cupy
+
+    from hopmm import api, launch, layout
+    from hopmm.device import query
+    from hopmm.heuristics import Choice
+    from hopmm.schedules import SCHEDULES
+
+    shapes = layout.matmul_shapes(a.shape, b.shape)
+    call = api._kernel_call(a, b, shapes)
+    sched = SCHEDULES[schedule]
+    p = call.problem
+    cfg = sched.deepest(p.dtype, block_n, p.trans_a, p.trans_b,
+                        query(cupy.cuda.Device().id).smem_per_block_optin)
+    choice = Choice(sched, cfg, "test", group)
+    padded = layout.padded(shapes.n, a.itemsize) + layout.TMA_ALIGN
+    buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, padded), cupy.nan, dtype=a.dtype)
+    c3 = buf[:, :shapes.m, :shapes.n]
+    launches = launch.build_launches(choice, p, call.a3, call.a_map, call.b3, call.b_map, c3)
+    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
+    cupy.cuda.get_current_stream().synchronize()
+    return c3, buf
+
+
+def check(a, b, block_n, dtype, group=16):
+    import cupy
+
+    c3, buf = run(a, b, block_n, group)
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    ref = ref.reshape(c3.shape)
+    got = c3.astype(cupy.float32)
+    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) output elements"
+    err = float(cupy.linalg.norm(got - ref)) / max(float(cupy.linalg.norm(ref)), 1e-30)
+    assert err < TOL[dtype]
+    from hopmm.layout import padded
+
+    m, n = c3.shape[1:]
+    assert bool(cupy.isnan(buf[:, m:, :]).all()), "wrote below the last row of a slice"
+    # (TMA stores whole 16-byte chunks: the columns up to the next 16 bytes may be written)
+    assert bool(cupy.isnan(buf[:, :, padded(n, c3.itemsize):]).all()), "wrote right of the rows"
+    return c3
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("m", [100, 256, 300, 640, 1000, 1300])  # 1, 2, 3, 5, 8, 11 M tiles
+def test_odd_and_even_m_tile_counts(m, ta, tb, block_n, dtype):
+    check(*operands(m, 520, 200, dtype, ta, tb), block_n, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("m,n,k", [(1, 1, 1), (17, 64, 64), (128, 128, 64), (128, 256, 64),
+                                   (100, 17, 1000)])
+def test_one_tile(m, n, k, block_n, dtype):
+    check(*operands(m, n, k, dtype), block_n, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("a_batch,b_batch", [((5,), (5,)), ((3,), ()), ((), (7,)),
+                                             ((2, 3), (2, 3))], ids=str)
+def test_batches_with_an_odd_number_of_m_tiles(a_batch, b_batch, block_n, dtype):
+    """300 rows: 3 M tiles per slice, so the second CTA of one pair in every slice computes a
+    tile past the last row; the rows below each slice must stay untouched."""
+    import cupy
+
+    a = rand(a_batch + (300, 200), dtype)
+    b = rand(b_batch + (200, 260), dtype)
+    check(a, b, block_n, dtype)
+    # the public path too (its own buffers, the heuristic's tile width)
+    import hopmm
+
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    got = hopmm.matmul(a, b).astype(cupy.float32)
+    assert float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("group", [1, 2, 3, 5, 16, 32])
+def test_raster_groups(group, dtype):
+    check(*operands(1300, 1100, 200, dtype), 128, dtype, group)   # 11 x 9 tiles
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k,block_n", [(8192, 4096, 128, 256),   # 512 pairs: ~8 per cluster
+                                           (4224, 2048, 256, 128),   # 33 M tiles, many waves
+                                           (8320, 8192, 64, 256)])   # 65 M tiles, k = one block
+def test_many_pairs_per_cluster(m, n, k, block_n, dtype):
+    check(*operands(m, n, k, dtype), block_n, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("m,n,k", [(1000, 1030, 700), (300, 520, 4097), (2, 300, 129)])
+def test_bitwise_equal_to_the_persistent_kernel(m, n, k, ta, tb, block_n, dtype):
+    """Each output tile is the same wgmma sequence over the same bytes in both kernels: only
+    where the bytes come from differs."""
+    import cupy
+
+    a, b = operands(m, n, k, dtype, ta, tb)
+    cluster, _ = run(a, b, block_n)
+    single, _ = run(a, b, block_n, schedule="persistent")
+    assert not bool(cupy.isnan(cluster.astype(cupy.float32)).any())
+    assert bool(cupy.array_equal(cluster.view(cupy.uint16), single.view(cupy.uint16)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4224, 4096, 1024), (300, 4096, 8192)])
+def test_bitwise_repeatable(m, n, k, dtype):
+    """Twenty runs, all bit-identical: a stage refilled before both CTAs released it, or a
+    multicast racing a consumer, shows up as run-to-run differences."""
+    import cupy
+
+    import hopmm
+
+    a, b = operands(m, n, k, dtype)
+    first = hopmm.matmul(a, b)
+    for _ in range(19):
+        again = hopmm.matmul(a, b)
+        assert bool(cupy.array_equal(first.view(cupy.uint16), again.view(cupy.uint16)))
+
+
+def test_explain_shows_the_cluster():
+    import hopmm
+
+    text = hopmm.explain(rand((4096, 4096), "bfloat16"), rand((4096, 4096), "bfloat16"))
+    assert "schedule: persistent_cluster" in text and "cluster: 2 CTAs" in text
+    grid = text[text.index("grid: (") + len("grid: ("):]
+    assert int(grid[:grid.index(",")]) % 2 == 0
+
+
+@pytest.mark.parametrize("block_n", [128, 256])
+def test_every_cluster_of_the_grid_is_resident(block_n):
+    """The persistent grid has floor(SM count / 2) clusters; if the GPCs cannot hold that many
+    pairs of co-scheduled CTAs at once, the surplus clusters wait for a whole wave (a tail of
+    up to 2x). Asks the driver (cuOccupancyMaxActiveClusters through cuda-bindings)."""
+    import cupy
+
+    from hopmm import launch
+    from hopmm.device import query
+    from hopmm.problem import Problem
+    from hopmm.schedules import PersistentClusterSchedule as Cluster
+
+    try:
+        from cuda.bindings import driver
+    except ImportError:
+        pytest.skip("cuda-bindings not installed")
+    dev = query(cupy.cuda.Device().id)
+    cfg = Cluster.deepest("bfloat16", block_n, False, True, dev.smem_per_block_optin)
+    grid = Cluster.grid(Problem(8192, 8192, 8192, 1, "bfloat16"), cfg, 1, dev.sm_count)
+    kernel_info = launch.compiled(Cluster, cfg)
+    kernel = launch._loaded(str(kernel_info.cubin_path), kernel_info.name,
+                            Cluster.smem_bytes(cfg), cupy.cuda.Device().id)
+    config = driver.CUlaunchConfig()
+    config.gridDimX, config.gridDimY, config.gridDimZ = grid
+    config.blockDimX, config.blockDimY, config.blockDimZ = Cluster.threads(cfg), 1, 1
+    config.sharedMemBytes = Cluster.smem_bytes(cfg)
+    config.numAttrs = 0    # the kernel's __cluster_dims__ gives the cluster shape
+    err, resident = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(kernel.kernel.ptr),
+                                                        config)
+    assert err == driver.CUresult.CUDA_SUCCESS, err
+    print(f"{dev.name}: {resident} clusters of 2 resident at once; the grid has {grid[0] // 2}")
+    assert grid[0] // Cluster.cluster_size <= resident
