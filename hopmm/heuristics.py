@@ -42,6 +42,9 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         block_n = 128
         why = (f"only {wide_tiles} tiles of 128x256 for {device.sm_count} SMs"
                if problem.n > 128 else f"n = {problem.n} fits a 128-wide tile")
+    if block_n not in sched.block_ns:  # ping-pong: a consumer holds a whole 128 x 128 tile
+        block_n = max(sched.block_ns)
+        why = f"the {sched.name} schedule's tiles are {BLOCK_M}x{block_n}"
     # The narrower tile is the fallback when the wide one leaves too few stages.
     for width in sorted({block_n, 128}, reverse=True):
         cfg = sched.deepest(problem.dtype, width, problem.trans_a, problem.trans_b,

@@ -98,6 +98,18 @@ class WarpSpecializedSchedule:
         return (smem_limit - fixed) // per_stage
 
     @staticmethod
+    def consumer_rows(cfg: KernelConfig) -> int:
+        """Rows of an output tile one consumer warpgroup computes: the consumers split each
+        tile."""
+        return cfg.block_m // cfg.consumers
+
+    @classmethod
+    def consumer_roles(cls, cfg: KernelConfig) -> str:
+        """How the consumer warpgroups divide the work (hopmm.explain shows it)."""
+        return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile, "
+                f"{cls.consumer_rows(cfg)} rows each")
+
+    @staticmethod
     def threads(cfg: KernelConfig) -> int:
         return (1 + cfg.consumers) * WARPGROUP_THREADS
 
@@ -122,6 +134,7 @@ class WarpSpecializedSchedule:
         fields = {
             "kBlockM": cfg.block_m, "kBlockN": cfg.block_n, "kBlockK": cfg.block_k,
             "kStages": cfg.stages, "kConsumers": cfg.consumers,
+            "kConsumerRows": cls.consumer_rows(cfg),
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
@@ -169,4 +182,39 @@ class PersistentSchedule(WarpSpecializedSchedule):
         return (min(sm_count, tiles_m * tiles_n * batch_count), 1, 1)
 
 
-SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule)}
+class PingPongSchedule(PersistentSchedule):
+    """Persistent, but each consumer warpgroup computes whole 128 x 128 tiles of its own
+    (consumer 0 the CTA's 1st, 3rd, ... tile, consumer 1 its 2nd, 4th, ...), and named
+    barriers make the two take turns on the tensor cores, so one consumer's epilogue overlaps
+    the other's main loop (seed 003; FlashAttention-3 / CUTLASS ping-pong)."""
+
+    name = "pingpong"
+    skeleton = "kernel_pingpong.cuh"
+    slots = dict(PersistentSchedule.slots, SKELETON="hopmm::pingpong_gemm")
+    # A whole tile's fp32 accumulators in one warpgroup: 128 registers per thread at 128 x 128;
+    # 128 x 256 would need 256, more than setmaxnreg gives a consumer (232).
+    block_ns = (128,)
+
+    @staticmethod
+    def consumer_rows(cfg: KernelConfig) -> int:
+        return cfg.block_m
+
+    @classmethod
+    def consumer_roles(cls, cfg: KernelConfig) -> str:
+        return (f"{cfg.consumers} warpgroups take alternate {cfg.block_m}x{cfg.block_n} tiles "
+                f"and turns on the tensor cores (ping-pong)")
+
+    @classmethod
+    def epilogue_bytes(cls, cfg: KernelConfig) -> int:
+        """Each consumer stages a whole tile, so its store can overlap the other's main loop."""
+        return cfg.consumers * cls.consumer_rows(cfg) * cfg.block_n * ELEM_BYTES
+
+    @classmethod
+    def render(cls, cfg: KernelConfig) -> render.RenderedKernel:
+        if cfg.block_n not in cls.block_ns:
+            raise ValueError(f"{cls.name}: block_n must be one of {cls.block_ns} (a consumer "
+                             f"holds a whole tile's accumulators), got {cfg.block_n}")
+        return super().render(cfg)
+
+
+SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule, PingPongSchedule)}
