@@ -249,6 +249,7 @@ def explain(a, b, out=None) -> str:
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
                   f"schedule: {c.schedule.name}",
+                  f"consumers: {c.schedule.consumer_roles(c.config)}",
                   f"kernel: {c.schedule.kernel_name(c.config)}",
                   f"grid: {grid}, "
                   f"{c.schedule.threads(c.config)} threads, {c.schedule.smem_bytes(c.config)} B "

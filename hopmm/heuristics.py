@@ -60,7 +60,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
     tiles = _tiles(problem, BLOCK_M, cfg.block_n)
     waves = tiles / device.sm_count
     why += (f"{tiles} tiles of {BLOCK_M}x{cfg.block_n} = {waves:.2f} waves of {device.sm_count} "
-            f"SMs (the fewest tile-times of widths {'/'.join(map(str, widths))})")
+            + (f"SMs (the fewest tile-times of widths {'/'.join(map(str, widths))})"
+               if len(widths) > 1 else f"SMs (the only tile width of the {sched.name} schedule)"))
     group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
     return Choice(sched, cfg, f"{why}; {cfg.stages} stages fit in "
                               f"{device.smem_per_block_optin} B of shared memory; tiles in "

@@ -48,12 +48,17 @@ class SassSummary:
                 and c["tma_store"] > 0 and c["local_memory"] == 0)
 
 
-def summarize(cubin_path: Path, tool: str | None = None) -> SassSummary:
+def disassemble(cubin_path: Path, tool: str | None = None) -> str:
+    """The cubin's SASS listing."""
     tool = tool or find_cuobjdump()
     if tool is None:
         raise FileNotFoundError("cuobjdump not found: `pip install nvidia-cuda-cuobjdump`")
-    sass = subprocess.run([tool, "-sass", str(cubin_path)], check=True, capture_output=True,
+    return subprocess.run([tool, "-sass", str(cubin_path)], check=True, capture_output=True,
                           text=True).stdout
+
+
+def summarize(cubin_path: Path, tool: str | None = None) -> SassSummary:
+    sass = disassemble(cubin_path, tool)
     arch = _ARCH.search(sass)
     counts = {name: len(rx.findall(sass)) for name, rx in _OPCODES.items()}
     return SassSummary(arch=arch.group(1) if arch else "unknown", counts=counts)

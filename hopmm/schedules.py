@@ -107,6 +107,16 @@ class WarpSpecializedSchedule:
         """Rows (M for A, N for B) of one TMA box of a K-major A and a K-major B: the whole
         tile, loaded in one box. (MN-major operands are read in 64 x 64 boxes.)"""
         return cfg.block_m, cfg.block_n
+    def consumer_rows(cfg: KernelConfig) -> int:
+        """Rows of an output tile one consumer warpgroup computes: the consumers split each
+        tile."""
+        return cfg.block_m // cfg.consumers
+
+    @classmethod
+    def consumer_roles(cls, cfg: KernelConfig) -> str:
+        """How the consumer warpgroups divide the work (hopmm.explain shows it)."""
+        return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile, "
+                f"{cls.consumer_rows(cfg)} rows each")
 
     @staticmethod
     def threads(cfg: KernelConfig) -> int:
@@ -133,6 +143,7 @@ class WarpSpecializedSchedule:
         fields = {
             "kBlockM": cfg.block_m, "kBlockN": cfg.block_n, "kBlockK": cfg.block_k,
             "kStages": cfg.stages, "kConsumers": cfg.consumers,
+            "kConsumerRows": cls.consumer_rows(cfg),
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
             "kClusterSize": cls.cluster_size,
@@ -244,5 +255,40 @@ class PersistentClusterSchedule(PersistentSchedule):
         return out
 
 
+class PingPongSchedule(PersistentSchedule):
+    """Persistent, but each consumer warpgroup computes whole 128 x 128 tiles of its own
+    (consumer 0 the CTA's 1st, 3rd, ... tile, consumer 1 its 2nd, 4th, ...), and named
+    barriers make the two take turns on the tensor cores, so one consumer's epilogue overlaps
+    the other's main loop (seed 003; FlashAttention-3 / CUTLASS ping-pong)."""
+
+    name = "pingpong"
+    skeleton = "kernel_pingpong.cuh"
+    slots = dict(PersistentSchedule.slots, SKELETON="hopmm::pingpong_gemm")
+    # A whole tile's fp32 accumulators in one warpgroup: 128 registers per thread at 128 x 128;
+    # 128 x 256 would need 256, more than setmaxnreg gives a consumer (232).
+    block_ns = (128,)
+
+    @staticmethod
+    def consumer_rows(cfg: KernelConfig) -> int:
+        return cfg.block_m
+
+    @classmethod
+    def consumer_roles(cls, cfg: KernelConfig) -> str:
+        return (f"{cfg.consumers} warpgroups take alternate {cfg.block_m}x{cfg.block_n} tiles "
+                f"and turns on the tensor cores (ping-pong)")
+
+    @classmethod
+    def epilogue_bytes(cls, cfg: KernelConfig) -> int:
+        """Each consumer stages a whole tile, so its store can overlap the other's main loop."""
+        return cfg.consumers * cls.consumer_rows(cfg) * cfg.block_n * ELEM_BYTES
+
+    @classmethod
+    def render(cls, cfg: KernelConfig) -> render.RenderedKernel:
+        if cfg.block_n not in cls.block_ns:
+            raise ValueError(f"{cls.name}: block_n must be one of {cls.block_ns} (a consumer "
+                             f"holds a whole tile's accumulators), got {cfg.block_n}")
+        return super().render(cfg)
+
+
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
-                                 PersistentClusterSchedule)}
+                                 PersistentClusterSchedule, PingPongSchedule)}

@@ -59,7 +59,7 @@ def test_barrier_protocol_in_the_source():
     assert "mbar_arrive_expect_tx(smem.full_bar(s), S::kStageBytes);" in producer
     assert "kStageBytes = kABytes + kBBytes;" in src  # own A plus the whole shared B tile
     assert "mbar_init(smem.empty_bar(s), S::kEmptyArrivals);" in src
-    assert "kEmptyArrivals = kConsumers * kClusterSize;" in src
+    assert "kEmptyArrivals = kStageReaders * kClusterSize;" in src
     release = _body(src, "void release_stage(", "\n}\n")
     assert "mapa_shared(local, rank)" in release and "rank < S::kClusterSize" in release
     assert "fence.mbarrier_init.release.cluster;" in src

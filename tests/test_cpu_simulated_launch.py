@@ -87,12 +87,14 @@ class SimulatedLaunch:
     launches = 0
 
     def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints):
+        self.grid, self.block_x, self.shared_mem_bytes = grid, block_x, shared_mem_bytes
         self.templates = map_templates
         (self.k, self.z0, self.count, self.a_div, self.a_mod, self.b_div, self.b_mod,
          self.tiles_m, self.tiles_n, self.group) = ints
 
     def launch(self, stream, a_ptr, b_ptr, c_ptr):
         SimulatedLaunch.launches += 1
+        SimulatedLaunch.last = self
         (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_) = \
             self.templates
         dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
@@ -197,3 +199,27 @@ def test_leaves_the_loaded_kernel_cache_alone(simulated_gpu):
     a, b = rand((64, 64)), rand((64, 64))
     expect(a, b, hopmm.matmul(a, b))
     assert _REAL_LOADED.cache_info().currsize == before
+
+
+@pytest.mark.parametrize("case", ["row_major", "both_transposed", "batched", "fp16"])
+def test_pingpong_through_the_glue(simulated_gpu, case):
+    """Forced ping-pong: a persistent grid of 128 x 128 tiles, 384 threads, the plan's shared
+    memory, and explain says so."""
+    from hopmm.schedules import PingPongSchedule
+
+    hopmm.use_schedule("pingpong")
+    try:
+        a, b = CASES[case]()
+        text = hopmm.explain(a, b)
+        expect(a, b, hopmm.matmul(a, b))
+    finally:
+        hopmm.use_schedule(None)
+    assert "schedule: pingpong" in text and "take alternate 128x128 tiles" in text
+    run = SimulatedLaunch.last
+    batch = a.shape[0] if a.ndim == 3 else 1
+    tiles = -(-a.shape[-2] // BLOCK_M) * -(-b.shape[-1] // 128) * batch
+    assert run.grid == (min(device.H100_SXM.sm_count, tiles), 1, 1)
+    assert run.block_x == 384 and run.tiles_n == -(-b.shape[-1] // 128)
+    cfg = PingPongSchedule.deepest(str(a.dtype), 128, case == "both_transposed",
+                                   case != "both_transposed", device.H100_SXM.smem_per_block_optin)
+    assert run.shared_mem_bytes == PingPongSchedule.smem_bytes(cfg)

@@ -20,6 +20,9 @@ def test_autotune_records_a_winner_that_matmul_uses(capsys):
     device = query(cupy.cuda.Device().id)
     assert len(rows[0]["tflops"]) == len(tuning.candidates(problem, device))
     assert rows[0]["best"] == max(rows[0]["tflops"], key=rows[0]["tflops"].get)
+    # A wrong candidate is skipped, not timed: these schedules all computed correctly.
+    assert {"warp_specialized", "persistent", "pingpong"} <= {
+        name.split()[0] for name in rows[0]["tflops"]}
     assert "[autotune]" in capsys.readouterr().err
     assert tuning.label(tuning.lookup(problem, device)) == rows[0]["best"]
 

@@ -1,5 +1,6 @@
-// Slot `consumer`: one consumer warpgroup multiplies its 64 rows of the A tile with the whole
-// B tile for every k-block, accumulating in registers.
+// Slot `consumer`: one consumer warpgroup multiplies its rows of the A tile (64 when the
+// consumers share a tile, all of them when each has tiles of its own) with the whole B tile
+// for every k-block, accumulating in registers: one m64 wgmma per 64-row block per k16 step.
 //
 // The async pipeline (seed 000): one wgmma.commit_group per k-block, wait_group<1> inside the
 // loop (the previous k-block's group is then complete, so its stage is released), and a single
@@ -9,6 +10,13 @@
 
 namespace hopmm {
 
+// Turn-taking hooks of a main loop (see consumer_turns.cuh); this one never waits: consumers
+// that share each tile run their main loops side by side.
+struct NoTurns {
+    __device__ __forceinline__ void wait() const {}
+    __device__ __forceinline__ void pass() const {}
+};
+
 template <class Cfg>
 struct WgmmaConsumer {
     typedef TileShape<Cfg> S;
@@ -16,20 +24,33 @@ struct WgmmaConsumer {
     static constexpr int kAccRegs = Mma::kAccRegs;
     static constexpr int kKSteps = S::kBlockK / kWgmmaK;
 
-    float acc[kAccRegs];
+    float acc[S::kRowBlocks][kAccRegs];
 
-    __device__ __forceinline__ u64 desc_a(u32 tile, int consumer, int kk) const {
-        return Cfg::kTransA ? desc_mn_major<S::kBlockK>(tile, consumer, kk)
-                            : desc_k_major(tile, consumer * S::kWgmmaM, kk);
+    // `row0`: the first A-tile row the wgmma reads (a multiple of 64).
+    __device__ __forceinline__ u64 desc_a(u32 tile, int row0, int kk) const {
+        return Cfg::kTransA ? desc_mn_major<S::kBlockK>(tile, row0 / kTmaBoxElems, kk)
+                            : desc_k_major(tile, row0, kk);
     }
     __device__ __forceinline__ u64 desc_b(u32 tile, int kk) const {
         return Cfg::kTransB ? desc_mn_major<S::kBlockK>(tile, 0, kk) : desc_k_major(tile, 0, kk);
     }
 
-    // `leader` is one thread of the warpgroup: it alone arrives on the empty barriers.
     __device__ __forceinline__ void mainloop(const SharedStorage<Cfg>& smem, int consumer,
                                              int num_k_blocks, int& ring, bool leader) {
+        mainloop(smem, consumer, num_k_blocks, ring, leader, NoTurns());
+    }
+
+    // `leader` is one thread of the warpgroup: it alone arrives on the empty barriers.
+    // `turns.wait()` comes before the first full-barrier wait and wgmma of the tile,
+    // `turns.pass()` right after the last commit, so another consumer's wgmmas queue behind
+    // this tile's while this consumer drains its pipeline and runs its epilogue.
+    template <class Turns>
+    __device__ __forceinline__ void mainloop(const SharedStorage<Cfg>& smem, int consumer,
+                                             int num_k_blocks, int& ring, bool leader,
+                                             const Turns& turns) {
+        const int row0 = S::consumer_row0(consumer);
         int prev_stage = -1;
+        turns.wait();
         for (int kb = 0; kb < num_k_blocks; ++kb, ++ring) {
             const int s = ring % S::kStages;
             mbar_wait(smem.full_bar(s), (ring / S::kStages) & 1);
@@ -39,8 +60,12 @@ struct WgmmaConsumer {
             wgmma_fence();
 #pragma unroll
             for (int kk = 0; kk < kKSteps; ++kk) {
-                // The first k-step of a tile overwrites the accumulators (no zeroing pass).
-                Mma::mma(acc, desc_a(a_tile, consumer, kk), desc_b(b_tile, kk), (kb | kk) != 0);
+#pragma unroll
+                for (int r = 0; r < S::kRowBlocks; ++r) {
+                    // The first k-step of a tile overwrites the accumulators (no zeroing pass).
+                    Mma::mma(acc[r], desc_a(a_tile, row0 + r * S::kWgmmaM, kk), desc_b(b_tile, kk),
+                             (kb | kk) != 0);
+                }
             }
             wgmma_commit_group();
             wgmma_wait_group<1>();
@@ -49,6 +74,7 @@ struct WgmmaConsumer {
             if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
             prev_stage = s;
         }
+        turns.pass();
         wgmma_wait_group<0>();
         wgmma_fence_operands(acc);
         if (leader && prev_stage >= 0) release_stage(smem, prev_stage);

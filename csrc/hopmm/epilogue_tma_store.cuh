@@ -1,6 +1,7 @@
 // Slot `epilogue`: accumulators -> 16-bit -> stmatrix into a 128B-swizzled staging tile ->
-// TMA store. Each consumer warpgroup stores its own 64 rows, synchronising only its 128
-// threads on its own named barrier.
+// TMA store. Each consumer warpgroup stores its own rows (64 of a shared tile, or a whole
+// tile of its own) from its own staging tile, synchronising only its 128 threads on its own
+// named barrier.
 //
 // Seed 004: the fence.proxy.async that hands the staged tile from the generic proxy
 // (stmatrix) to the async proxy (TMA) is executed by every writing thread, unconditionally,
@@ -40,11 +41,20 @@ struct TmaStoreEpilogue {
         }
     }
 
+    // All of a consumer's 64-row blocks, each staged as above, one block after the other.
+    template <int ROW_BLOCKS, int NREG>
+    __device__ __forceinline__ static void stage(const float (&acc)[ROW_BLOCKS][NREG], u32 tile,
+                                                 int thread) {
+#pragma unroll
+        for (int r = 0; r < ROW_BLOCKS; ++r) stage(acc[r], tile + r * S::kCRowBlockBytes, thread);
+    }
+
     // The store is left in flight (finish() waits for it). With Cfg::kOverlapStore (persistent
     // kernels) the next tile's main loop runs meanwhile, and before the staging tile is written
     // again the previous store must have finished reading it.
-    template <int NREG>
-    __device__ __forceinline__ static void store(const float (&acc)[NREG], const TensorMap* map_c,
+    template <int ROW_BLOCKS, int NREG>
+    __device__ __forceinline__ static void store(const float (&acc)[ROW_BLOCKS][NREG],
+                                                 const TensorMap* map_c,
                                                  const SharedStorage<Cfg>& smem, int consumer,
                                                  int thread, int row0, int n0, int z) {
         const u32 barrier = kBarrierEpilogueBase + consumer;
@@ -58,9 +68,13 @@ struct TmaStoreEpilogue {
         named_barrier_sync(barrier, kWarpgroupThreads);
         if (thread == 0) {
 #pragma unroll
-            for (int box = 0; box < S::kBlockN / kTmaBoxElems; ++box)
-                tma_store_3d(map_c, smem.c_tile(consumer) + box * S::kCBoxBytes,
-                             n0 + box * kTmaBoxElems, row0, z);
+            for (int r = 0; r < ROW_BLOCKS; ++r) {
+                const unsigned char* block = smem.c_tile(consumer) + r * S::kCRowBlockBytes;
+#pragma unroll
+                for (int box = 0; box < S::kBlockN / kTmaBoxElems; ++box)
+                    tma_store_3d(map_c, block + box * S::kCBoxBytes, n0 + box * kTmaBoxElems,
+                                 row0 + r * S::kWgmmaM, z);
+            }
             bulk_commit_group();
         }
     }

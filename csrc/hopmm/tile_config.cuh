@@ -17,8 +17,13 @@ constexpr u32 kSmemAlign = 1024;     // 128B-swizzle pattern period: tiles start
 constexpr u32 kProducerRegs = 40;
 constexpr u32 kConsumerRegs = 232;
 
-// Named barrier ids (0 belongs to __syncthreads).
+// Named barrier ids (0 belongs to __syncthreads; the hardware has 16).
+constexpr u32 kMaxConsumers = 2;  // warpgroups of kConsumerRegs that fit the register split above
 constexpr u32 kBarrierEpilogueBase = 1;   // + consumer index
+// Ping-pong: consumer c waits on kBarrierTurnBase + c for its turn on the tensor cores.
+constexpr u32 kBarrierTurnBase = kBarrierEpilogueBase + kMaxConsumers;  // + consumer index
+constexpr u32 kNamedBarriers = 16;
+static_assert(kBarrierTurnBase + kMaxConsumers <= kNamedBarriers, "named barrier ids run out");
 
 template <class Cfg>
 struct TileShape {
@@ -32,9 +37,21 @@ struct TileShape {
     // stage of every CTA (multicast), so a stage is free again only once the consumers of all
     // CTAs released it: each consumer arrives on the empty barrier of each CTA.
     static constexpr int kClusterSize = Cfg::kClusterSize;
-    static constexpr u32 kEmptyArrivals = kConsumers * kClusterSize;
     static constexpr int kWgmmaM = 64;
-    static_assert(kBlockM == kConsumers * kWgmmaM, "each consumer warpgroup owns 64 rows");
+    // Rows of an output tile one consumer warpgroup computes and stores: a 64-row share when
+    // the consumers split each tile (cooperative), the whole tile when each consumer takes
+    // tiles of its own (ping-pong).
+    static constexpr int kConsumerRows = Cfg::kConsumerRows;
+    static constexpr bool kConsumersShareTile = kConsumerRows < kBlockM;
+    static constexpr int kRowBlocks = kConsumerRows / kWgmmaM;  // m64 wgmmas per k16 step
+    // Consumer warpgroups that read each stage, each arriving once on its empty barrier.
+    static constexpr int kStageReaders = kConsumersShareTile ? kConsumers : 1;
+    static constexpr u32 kEmptyArrivals = kStageReaders * kClusterSize;
+    static_assert(kConsumers <= (int)kMaxConsumers, "named barrier ids are planned for two");
+    static_assert(kConsumerRows % kWgmmaM == 0, "a consumer's rows are whole m64 wgmma blocks");
+    static_assert(kConsumersShareTile ? kBlockM == kConsumers * kConsumerRows
+                                      : kConsumerRows == kBlockM,
+                  "the consumers split a tile's rows evenly, or each owns whole tiles");
     static_assert(kBlockK == kTmaBoxElems, "one 128-byte swizzle atom of K per stage");
     static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
                   "N tile: a wgmma N extent wgmma.cuh instantiates, a whole number of 64-wide boxes");
@@ -45,9 +62,11 @@ struct TileShape {
     static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
     static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
     static constexpr u32 kStageBytes = kABytes + kBBytes;
-    // Epilogue staging: per consumer, kBlockN / 64 boxes of 64 rows x 128 bytes.
+    // Epilogue staging: per consumer and 64-row block, kBlockN / 64 boxes of 64 rows x 128
+    // bytes.
     static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;
-    static constexpr u32 kCBytesPerConsumer = (kBlockN / kTmaBoxElems) * kCBoxBytes;
+    static constexpr u32 kCRowBlockBytes = (kBlockN / kTmaBoxElems) * kCBoxBytes;
+    static constexpr u32 kCBytesPerConsumer = kRowBlocks * kCRowBlockBytes;
 
     static constexpr u32 kAOffset = 0;
     static constexpr u32 kBOffset = kAOffset + kStages * kABytes;
@@ -59,6 +78,11 @@ struct TileShape {
     static_assert(kABytes % kSmemAlign == 0 && kBBytes % kSmemAlign == 0, "tiles stay aligned");
     static_assert(kSmemBytes == Cfg::kSmemBytesExpected,
                   "the Python shared-memory plan (schedules.py) disagrees with this one");
+
+    // First row of the A tile (and of the output tile) that `consumer` computes.
+    __device__ __forceinline__ static int consumer_row0(int consumer) {
+        return kConsumersShareTile ? consumer * kConsumerRows : 0;
+    }
 };
 
 // Views of the one dynamic shared-memory allocation.
@@ -109,7 +133,7 @@ __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char
     if (threadIdx.x == 0) {
         for (int s = 0; s < S::kStages; ++s) {
             mbar_init(smem.full_bar(s), 1);                  // the producer's expect_tx arrive
-            mbar_init(smem.empty_bar(s), S::kEmptyArrivals);  // one per consumer per CTA
+            mbar_init(smem.empty_bar(s), S::kEmptyArrivals);  // each reader of each CTA
         }
         fence_barrier_init();
         tma_prefetch_map(map_a);

@@ -67,6 +67,13 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[NREG]) {
     for (int i = 0; i < NREG; ++i) asm volatile("" : "+f"(d[i])::"memory");
 }
 
+// The same for accumulators of several m64 row blocks.
+template <int ROW_BLOCKS, int NREG>
+__device__ __forceinline__ void wgmma_fence_operands(float (&d)[ROW_BLOCKS][NREG]) {
+#pragma unroll
+    for (int r = 0; r < ROW_BLOCKS; ++r) wgmma_fence_operands(d[r]);
+}
+
 // Operand lists of the mma_async asm statements: the accumulators %0..%(N/2 - 1) first,
 // then the two descriptors, scale-d and the two transpose immediates. Each list extends
 // the one for the next smaller N.
