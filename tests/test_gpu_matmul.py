@@ -13,7 +13,7 @@ DTYPES = ["bfloat16", "float16"]
 EDGE = [1, 17, 100, 1000, 1023, 4097]
 
 
-SCHEDULE_NAMES = ["warp_specialized", "persistent"]
+SCHEDULE_NAMES = ["warp_specialized", "persistent", "split_k"]
 
 
 @pytest.fixture(autouse=True)
@@ -261,7 +261,8 @@ def test_explain_kernel_path(schedule):
     import hopmm
 
     text = hopmm.explain(rand((4096, 4096), "bfloat16"), rand((4096, 4096), "bfloat16"))
-    assert "path: kernel" in text and f"schedule: {schedule}" in text and "128x256" in text
+    tile = "128x128" if schedule == "split_k" else "128x256"   # split-K's only tile width
+    assert "path: kernel" in text and f"schedule: {schedule}" in text and tile in text
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
