@@ -253,17 +253,21 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 // A kernel launch that repeats with new base addresses only. The tensor-map templates, the
 // grid and the scalar arguments are parsed and checked once; each launch() then encodes the
 // maps on its own stack (so concurrent launches share nothing) and calls cuLaunchKernel. The
-// kernel's parameters are the maps, in order, followed by the 32-bit integers.
+// kernel's parameters are the maps, in order, then `pointers` raw 64-bit device pointers
+// (split-K's workspace and semaphores), then the 32-bit integers. launch() takes one base
+// address per map followed by the pointers.
 class KernelLaunch {
   public:
     static constexpr size_t kMaxMaps = 4;
+    static constexpr size_t kMaxPointers = 4;
     static constexpr size_t kMaxInts = 16;
 
     KernelLaunch(uint64_t function, const py::sequence& grid, uint32_t block_x,
                  uint32_t shared_mem_bytes, const py::sequence& map_templates,
-                 const py::sequence& ints)
+                 const py::sequence& ints, size_t pointers)
         : function_(reinterpret_cast<void*>(function)), block_x_(block_x),
-          shared_mem_(shared_mem_bytes) {
+          shared_mem_(shared_mem_bytes), n_ptrs_(pointers) {
+        if (n_ptrs_ > kMaxPointers) throw py::value_error("at most 4 pointer arguments");
         if (read_ints(grid, "grid", grid_) != grid_.size()) throw py::value_error("grid: 3 ints");
         n_maps_ = map_templates.size();
         if (n_maps_ > kMaxMaps) throw py::value_error("at most 4 tensor maps");
@@ -279,23 +283,29 @@ class KernelLaunch {
     }
 
     void launch(uint64_t stream, const py::args& addresses) const {
-        if (addresses.size() != n_maps_) {
-            throw py::value_error("launch: one base address per tensor map");
+        if (addresses.size() != n_maps_ + n_ptrs_) {
+            throw py::value_error("launch: one base address per tensor map, then " +
+                                  std::to_string(n_ptrs_) + " pointer arguments");
         }
         const Driver& d = driver();
         if (d.launch_kernel == nullptr) throw std::runtime_error(kNoDriverMessage);
         CUtensorMap maps[kMaxMaps];
-        void* params[kMaxMaps + kMaxInts];
+        void* params[kMaxMaps + kMaxPointers + kMaxInts];
         for (size_t i = 0; i < n_maps_; ++i) {
             TiledArgs a = templates_[i];
             a.address = addresses[i].cast<uint64_t>();
             encode(a, &maps[i]);
             params[i] = &maps[i];
         }
+        uint64_t ptrs[kMaxPointers];
+        for (size_t i = 0; i < n_ptrs_; ++i) {
+            ptrs[i] = addresses[n_maps_ + i].cast<uint64_t>();
+            params[n_maps_ + i] = &ptrs[i];
+        }
         int32_t ints[kMaxInts];
         for (size_t i = 0; i < n_ints_; ++i) {
             ints[i] = ints_[i];
-            params[n_maps_ + i] = &ints[i];
+            params[n_maps_ + n_ptrs_ + i] = &ints[i];
         }
         const CUresult rc = d.launch_kernel(function_, grid_[0], grid_[1], grid_[2], block_x_, 1,
                                             1, shared_mem_, reinterpret_cast<void*>(stream),
@@ -316,6 +326,7 @@ class KernelLaunch {
     std::array<uint32_t, 3> grid_{};
     uint32_t block_x_;
     uint32_t shared_mem_;
+    size_t n_ptrs_;
     size_t n_maps_ = 0;
     std::array<TiledArgs, kMaxMaps> templates_{};
     size_t n_ints_ = 0;
@@ -362,8 +373,9 @@ PYBIND11_MODULE(_tensormap, m) {
     py::class_<KernelLaunch>(m, "KernelLaunch",
                              "A repeatable launch: tensor-map templates + grid + scalar args.")
         .def(py::init<uint64_t, const py::sequence&, uint32_t, uint32_t, const py::sequence&,
-                      const py::sequence&>(),
+                      const py::sequence&, size_t>(),
              py::arg("function"), py::arg("grid"), py::arg("block_x"),
-             py::arg("shared_mem_bytes"), py::arg("map_templates"), py::arg("ints"))
+             py::arg("shared_mem_bytes"), py::arg("map_templates"), py::arg("ints"),
+             py::arg("pointers") = 0)
         .def("launch", &KernelLaunch::launch, py::arg("stream"));
 }

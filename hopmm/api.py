@@ -245,7 +245,8 @@ def explain(a, b, out=None) -> str:
             call = _kernel_call(a, b, p.shapes)
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
-        grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count)
+        grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count,
+                               c.splits)
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
                   f"schedule: {c.schedule.name}",
@@ -253,8 +254,8 @@ def explain(a, b, out=None) -> str:
                   f"kernel: {c.schedule.kernel_name(c.config)}",
                   f"grid: {grid}, "
                   f"{c.schedule.threads(c.config)} threads, {c.schedule.smem_bytes(c.config)} B "
-                  f"shared memory (separate epilogue tile"
-                  + (", stores overlap the next tile)" if c.schedule.overlap_store else ")"),
+                  f"shared memory ({c.schedule.smem_note(c.config)})"
+                  + (f", {c.splits} splits along K" if c.schedule.split_k else ""),
                   f"heuristic: {c.reason}"]
         if c.schedule.cluster_size > 1:
             lines.insert(-1, f"cluster: {c.schedule.cluster_size} CTAs on adjacent M tiles; "

@@ -7,11 +7,34 @@ from dataclasses import dataclass
 
 from .device import DeviceInfo
 from .problem import Problem
-from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig, PersistentSchedule
+from .layout import MAX_GRID_Z
+from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig, PersistentSchedule,
+                        SplitKSchedule)
 
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
 # rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
 RASTER_GROUP_M = 16
+
+# Split-K (SplitKSchedule). It pays when the output has too few tiles to give every SM work
+# and K is long: idle SMs then take slices of K. Its cost is a serial hand-off per split
+# (semaphore acquire, one bulk reduce of the partial, its completion, release), so the split
+# count is the minimum of a small time model fitted to H100 measurements (bf16, 128x128 tiles,
+# bench/NOTES.md "Split-K"):
+#   time(s) = max(ceil(k_blocks / s) * KBLOCK_US,  all CTAs' operand bytes / L2_TBPS)
+#             + (s - 1) * HANDOFF_US
+# - KBLOCK_US: one 128x128x64 k-block on one SM when few SMs run (256x256x65536 and
+#   512x512x16384 on 4 and 16 CTAs: 0.29 us);
+# - L2_TBPS: the operand tiles every CTA streams (32 KB per k-block) share the L2 bandwidth,
+#   which splitting does not reduce (1000x1023x4097: 2 splits no faster than 1);
+# - HANDOFF_US: 256x256x65536 took 59 us with 8 splits and 63 with 16: about 3 us each.
+SPLIT_K_KBLOCK_US = 0.3
+SPLIT_K_L2_TBPS = 6.5
+SPLIT_K_HANDOFF_US = 3.0
+# Taken only when the model predicts at least this gain over one split.
+SPLIT_K_MIN_GAIN = 1.1
+# Every split keeps at least this many k-blocks (the stage ring reaches steady state).
+SPLIT_K_MIN_K_BLOCKS = 8
+SPLIT_K_MAX_SPLITS = 16
 
 
 @dataclass(frozen=True)
@@ -20,6 +43,7 @@ class Choice:
     config: KernelConfig
     reason: str
     raster_group: int = 1   # M-tiles per group of the tile order (see tile_raster.cuh)
+    splits: int = 1         # CTAs per output tile along K (split_k only)
 
 
 # Relative main-loop speed of one SM per tile width: a narrower tile reads more of A and B
@@ -39,8 +63,64 @@ def _relative_time(problem: Problem, device: DeviceInfo, block_n: int) -> float:
     return waves * block_n / TILE_WIDTH_SPEED[block_n]
 
 
+def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int) -> float:
+    """The time model above, in microseconds."""
+    per_cta = -(-k_blocks // splits) * SPLIT_K_KBLOCK_US
+    l2 = tiles * k_blocks * stage_bytes / (SPLIT_K_L2_TBPS * 1e6)
+    return max(per_cta, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
+
+
+def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
+                forced: bool = False) -> int:
+    """Splits for split-K: the model's best count within the co-residency bound
+    (SplitKSchedule.max_splits), SPLIT_K_MAX_SPLITS and SPLIT_K_MIN_K_BLOCKS per split; 1 when
+    splitting does not pay by SPLIT_K_MIN_GAIN. Forced (use_schedule), the best count of at
+    least 2 wherever the bound allows 2, so that the ordered reduction runs."""
+    batch_count = min(problem.batch, MAX_GRID_Z)
+    bound = SplitKSchedule.max_splits(problem, cfg, batch_count, device.sm_count)
+    k_blocks = SplitKSchedule.k_blocks(problem, cfg)
+    top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // SPLIT_K_MIN_K_BLOCKS)
+    if top < 2:
+        return 1
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
+    stage = SplitKSchedule.stage_bytes(cfg)
+    best = min(range(2, top + 1),
+               key=lambda s: (split_k_estimate_us(tiles, k_blocks, s, stage), s))
+    if forced:
+        return best
+    gain = (split_k_estimate_us(tiles, k_blocks, 1, stage)
+            / split_k_estimate_us(tiles, k_blocks, best, stage))
+    return best if gain >= SPLIT_K_MIN_GAIN else 1
+
+
+def _split_k_choice(problem: Problem, device: DeviceInfo, forced: bool) -> Choice | None:
+    cfg = SplitKSchedule.deepest(problem.dtype, 128, problem.trans_a, problem.trans_b,
+                                 device.smem_per_block_optin)
+    if cfg is None:
+        return None
+    tiles = _tiles(problem, BLOCK_M, 128)
+    k_blocks = SplitKSchedule.k_blocks(problem, cfg)
+    splits = split_count(problem, cfg, device, forced)
+    if not forced and splits < 2:
+        return None
+    group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
+    why = (f"split_k: {tiles} tiles of 128x128 for {device.sm_count} SMs, {k_blocks} k-blocks "
+           f"in {splits} splits ({k_blocks // splits}-{-(-k_blocks // splits)} k-blocks each, "
+           f"reduced in order through an fp32 workspace); {cfg.stages} stages fit in "
+           f"{device.smem_per_block_optin} B of shared memory; "
+           f"{SplitKSchedule.smem_note(cfg)}")
+    return Choice(SplitKSchedule, cfg, why, group, splits)
+
+
 @functools.lru_cache(maxsize=4096)
 def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) -> Choice:
+    if schedule in (None, SplitKSchedule.name):
+        split = _split_k_choice(problem, device, forced=schedule is not None)
+        if split is not None:
+            return split
+        if schedule is not None:
+            raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared "
+                               f"memory per block is too little for split-K's 128x128 tile")
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
     # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
     sched = SCHEDULES[schedule or PersistentSchedule.name]

@@ -5,12 +5,12 @@ from __future__ import annotations
 import functools
 
 from . import compile as compiler
-from . import layout, tma
+from . import layout, tma, workspace
 from .heuristics import Choice
 from .device import query
 from .layout import BatchMapping
 from .problem import Problem
-from .schedules import TMA_BOX_ELEMS
+from .schedules import F32_BYTES, TMA_BOX_ELEMS, WORKSPACE_BOX
 
 
 class KernelResourceError(compiler.ResourceError):
@@ -70,6 +70,33 @@ def matrix_spec(x3, major: str, box_rows: int) -> tma.TensorMapSpec:
                              box=(TMA_BOX_ELEMS, box_rows, 1))
 
 
+def workspace_spec(shape: tuple[int, int, int]) -> tma.TensorMapSpec:
+    """Tensor map of split-K's fp32 workspace (slots, rows, columns), row-major and dense; the
+    address is filled in at launch (the workspace of the launching stream)."""
+    slots, rows, cols = shape
+    return tma.TensorMapSpec(dtype="float32", address=0, dims=(cols, rows, slots),
+                             strides_bytes=(cols * F32_BYTES, rows * cols * F32_BYTES),
+                             box=(WORKSPACE_BOX[0], WORKSPACE_BOX[1], 1))
+
+
+class WorkspaceLaunch:
+    """A split-K launch: a KernelLaunch whose workspace map and pointers are those of the
+    launching (device, stream) (workspace.py), looked up on every launch."""
+
+    __slots__ = ("inner", "device_id", "workspace_bytes", "semaphores")
+
+    def __init__(self, inner, device_id: int, workspace_bytes: int, semaphores: int):
+        self.inner = inner
+        self.device_id = device_id
+        self.workspace_bytes = workspace_bytes
+        self.semaphores = semaphores
+
+    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int) -> None:
+        ws = workspace.get(self.device_id, stream, self.workspace_bytes, self.semaphores)
+        w_ptr = ws.data_ptr
+        self.inner.launch(stream, a_ptr, b_ptr, c_ptr, w_ptr, w_ptr, ws.semaphores_ptr)
+
+
 def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
                    b_map: BatchMapping, c3) -> list:
     """Launches computing C3 = A3 @ B3 over the broadcast batch (one per chunk of at most
@@ -105,11 +132,28 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
                           tma.SWIZZLE[spec.swizzle], spec.l2_promotion, spec.oob_fill))
     tiles_m, tiles_n = sched.tiles(problem, cfg)
     sm_count = query(device_id).sm_count
-    return [KernelLaunch(kernel.kernel.ptr, sched.grid(problem, cfg, count, sm_count),
-                         sched.threads(cfg), smem, templates,
-                         (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod,
-                          tiles_m, tiles_n, choice.raster_group))
-            for z0, count in layout.batch_chunks(problem.batch)]
+    launches = []
+    for z0, count in layout.batch_chunks(problem.batch):
+        ints = (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
+                tiles_n, choice.raster_group)
+        grid = sched.grid(problem, cfg, count, sm_count, choice.splits)
+        if not sched.split_k:
+            launches.append(KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
+                                         templates, ints))
+            continue
+        # Split-K: a fourth map (the fp32 workspace of this chunk's geometry) and the
+        # workspace / semaphore pointers, all of the launching stream's workspace.
+        ws_shape = sched.workspace_shape(problem, cfg, count, choice.splits)
+        spec_w = workspace_spec(ws_shape)
+        spec_w.validate()
+        t_w = (tma.DATA_TYPES[spec_w.dtype], spec_w.dims, spec_w.strides_bytes, spec_w.box,
+               tma.SWIZZLE[spec_w.swizzle], spec_w.l2_promotion, spec_w.oob_fill)
+        inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
+                             templates + [t_w], ints, pointers=sched.pointers)
+        ws_bytes = ws_shape[0] * ws_shape[1] * ws_shape[2] * F32_BYTES
+        launches.append(WorkspaceLaunch(inner, device_id, ws_bytes,
+                                        sched.semaphore_count(problem, cfg, count)))
+    return launches
 
 
 def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int) -> None:

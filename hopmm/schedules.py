@@ -75,6 +75,15 @@ class WarpSpecializedSchedule:
     block_ns = (128, 192, 256)
     # CTAs per thread-block cluster (1: no cluster).
     cluster_size = 1
+    # Whether the k-blocks of a tile are divided among CTAs (grid y) and reduced in order.
+    split_k = False
+    # Kernel parameters after the three operand maps (kernel_entry.cu.in) and the arguments the
+    # skeleton gets for them; KernelLaunch passes `extra_maps` more maps and `pointers` raw
+    # device pointers, in that order, before the integers.
+    extra_params = ""
+    extra_args = ""
+    extra_maps = 0
+    pointers = 0
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -90,6 +99,12 @@ class WarpSpecializedSchedule:
     @staticmethod
     def epilogue_bytes(cfg: KernelConfig) -> int:
         return cfg.block_m * cfg.block_n * ELEM_BYTES
+
+    @classmethod
+    def smem_note(cls, cfg: KernelConfig) -> str:
+        """How the epilogue's shared memory is laid out (hopmm.explain)."""
+        return ("separate epilogue tile" + (", stores overlap the next tile"
+                                            if cls.overlap_store else ""))
 
     @classmethod
     def smem_bytes(cls, cfg: KernelConfig) -> int:
@@ -129,7 +144,7 @@ class WarpSpecializedSchedule:
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
-             sm_count: int) -> tuple[int, int, int]:
+             sm_count: int, splits: int = 1) -> tuple[int, int, int]:
         """One CTA per tile: x is the linear tile index (ordered by the raster), z the batch."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return (tiles_m * tiles_n, 1, batch_count)
@@ -146,11 +161,13 @@ class WarpSpecializedSchedule:
             "kConsumerRows": cls.consumer_rows(cfg),
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
-            "kClusterSize": cls.cluster_size,
+            "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
         }
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
-                                    dict(cls.slots, THREADS=str(cls.threads(cfg))))
+                                    dict(cls.slots, THREADS=str(cls.threads(cfg)),
+                                         EXTRA_PARAMS=cls.extra_params,
+                                         EXTRA_ARGS=cls.extra_args))
 
     @classmethod
     def deepest(cls, dtype: str, block_n: int, trans_a: bool, trans_b: bool,
@@ -187,7 +204,7 @@ class PersistentSchedule(WarpSpecializedSchedule):
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
-             sm_count: int) -> tuple[int, int, int]:
+             sm_count: int, splits: int = 1) -> tuple[int, int, int]:
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return (min(sm_count, tiles_m * tiles_n * batch_count), 1, 1)
 
@@ -229,7 +246,7 @@ class PersistentClusterSchedule(PersistentSchedule):
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
-             sm_count: int) -> tuple[int, int, int]:
+             sm_count: int, splits: int = 1) -> tuple[int, int, int]:
         """One cluster per pair of SMs (at most one per pair of tiles); x is a multiple of the
         cluster size, as __cluster_dims__ requires."""
         clusters = min(max(1, sm_count // cls.cluster_size),
@@ -290,5 +307,90 @@ class PingPongSchedule(PersistentSchedule):
         return super().render(cfg)
 
 
+F32_BYTES = 4
+# Boxes of the fp32 workspace map: 32 floats (one 128-byte swizzle row) x 64 rows (one
+# consumer warpgroup's rows).
+WORKSPACE_BOX = (128 // F32_BYTES, WGMMA_M)
+
+
+class SplitKSchedule(WarpSpecializedSchedule):
+    """One (tile, k-slice) per CTA: the k-blocks of each output tile are divided among
+    `splits` CTAs (grid y), whose fp32 partials are combined in split order through a per-tile
+    semaphore with TMA store / bulk tensor reduce-add into an fp32 workspace (seed 001); the
+    last split adds the workspace to its accumulators and stores the 16-bit result. For
+    problems with few output tiles and a long K. `splits` = 1 is the plain kernel."""
+
+    name = "split_k"
+    skeleton = "kernel_split_k.cuh"
+    slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::split_k_gemm",
+                 EPILOGUE="hopmm::SplitKEpilogue")
+    split_k = True
+    # Few tiles is the point of split-K: 128-wide tiles, and the fp32 partial (128 x 128 x 4 =
+    # 64 KB) still leaves 5 stages next to the operand ring.
+    block_ns = (128,)
+    extra_params = ("\n               const __grid_constant__ hopmm::TensorMap map_w,"
+                    "\n               const float* workspace, unsigned* semaphores,")
+    extra_args = " &map_w, workspace, semaphores,"
+    extra_maps = 1
+    pointers = 2
+
+    @classmethod
+    def snippets(cls) -> list[str]:
+        return super().snippets() + ["split_k_reduce.cuh"]
+
+    @staticmethod
+    def epilogue_bytes(cfg: KernelConfig) -> int:
+        # Per consumer the larger of the 16-bit result tile and the fp32 partial: a consumer
+        # stages one or the other (the last split the result, the others their partial), so
+        # they share memory and need no barrier between them (TileShape::kCBytesPerConsumer).
+        return max(cfg.block_m * cfg.block_n * ELEM_BYTES, cfg.block_m * cfg.block_n * F32_BYTES)
+
+    @classmethod
+    def smem_note(cls, cfg: KernelConfig) -> str:
+        return (f"the fp32 partial ({cfg.block_m}x{cfg.block_n}x{F32_BYTES} B) is staged in the "
+                f"epilogue tile's memory, which the 16-bit result tile of the last split shares; "
+                f"operand stages not reused ({cfg.stages} stages fit beside it)")
+
+    @staticmethod
+    def k_blocks(problem: Problem, cfg: KernelConfig) -> int:
+        return -(-problem.k // cfg.block_k)
+
+    @classmethod
+    def max_splits(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                   sm_count: int) -> int:
+        """The most splits the co-residency bound allows (tiles * splits * batch <= SMs, see
+        kernel_split_k.cuh) and that leave every split at least one k-block; at least 1."""
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        by_sms = sm_count // (tiles_m * tiles_n * batch_count)
+        return max(1, min(by_sms, cls.k_blocks(problem, cfg)))
+
+    @classmethod
+    def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+             sm_count: int, splits: int = 1) -> tuple[int, int, int]:
+        if not 1 <= splits <= cls.max_splits(problem, cfg, batch_count, sm_count):
+            raise ValueError(f"{splits} splits break the co-residency bound or leave a split "
+                             f"without k-blocks (at most "
+                             f"{cls.max_splits(problem, cfg, batch_count, sm_count)})")
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return (tiles_m * tiles_n, splits, batch_count)
+
+    @classmethod
+    def workspace_shape(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                        splits: int) -> tuple[int, int, int]:
+        """(slots, rows, columns) of the fp32 workspace of one launch: the output padded to
+        whole tiles, per batch slot; a single tile when splits == 1 (never touched then, but
+        the kernel takes a valid map)."""
+        if splits == 1:
+            return (1, cfg.block_m, cfg.block_n)
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return (batch_count, tiles_m * cfg.block_m, tiles_n * cfg.block_n)
+
+    @classmethod
+    def semaphore_count(cls, problem: Problem, cfg: KernelConfig, batch_count: int) -> int:
+        """One semaphore per (batch slot, tile, consumer warpgroup)."""
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return batch_count * tiles_m * tiles_n * cfg.consumers
+
+
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
-                                 PersistentClusterSchedule, PingPongSchedule)}
+                                 PersistentClusterSchedule, PingPongSchedule, SplitKSchedule)}

@@ -18,12 +18,15 @@ from pathlib import Path
 
 from . import compile as compiler
 from .device import DeviceInfo
-from .heuristics import Choice
+from .heuristics import SPLIT_K_MAX_SPLITS, Choice
+from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
 from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES
 
 TABLE_NAME = "autotune-v1.json"
 RASTER_GROUPS = (8, 16, 32)
+# Split counts tried for the split-K schedule (those within its co-residency bound).
+SPLIT_COUNTS = (2, 4, 8, 16)
 
 
 @dataclass(frozen=True)
@@ -34,6 +37,7 @@ class TunedEntry:
     raster_group: int
     tflops: float
     when: str
+    splits: int = 1   # split_k only; tables written before split-K have no such field
 
 
 def table_path() -> Path:
@@ -61,8 +65,17 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
             MIN_STAGES <= entry.stages <= deepest.stages):
         raise ValueError(f"stages {entry.stages!r} do not fit this device's shared memory")
     cfg = replace(deepest, stages=entry.stages)
+    splits = entry.splits
+    if type(splits) is not int or splits < 1 or (splits > 1 and not sched.split_k):
+        raise ValueError(f"splits {splits!r} invalid for schedule {entry.schedule!r}")
+    if sched.split_k:
+        bound = sched.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z), device.sm_count)
+        if splits > bound:
+            raise ValueError(f"splits {splits} exceed this problem's bound {bound}")
     return Choice(sched, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
-                              f"({table_path()})", entry.raster_group)
+                              f"({table_path()})"
+                  + (f"; split_k with {splits} splits" if sched.split_k else ""),
+                  entry.raster_group, splits)
 
 
 class _Table:
@@ -134,14 +147,24 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
         for block_n in sched.block_ns:
             cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
                                 device.smem_per_block_optin)
-            if cfg is not None:
+            if cfg is None:
+                continue
+            if not sched.split_k:
                 out.extend(Choice(sched, cfg, "autotune candidate", g) for g in groups)
+                continue
+            bound = sched.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z),
+                                     device.sm_count)
+            for splits in sorted({min(s, bound) for s in SPLIT_COUNTS
+                                  if s <= SPLIT_K_MAX_SPLITS} - {1}):
+                out.extend(Choice(sched, cfg, "autotune candidate", g, splits) for g in groups)
     return out
 
 
 def label(choice: Choice) -> str:
     c = choice.config
-    return f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} g{choice.raster_group}"
+    split = f" k{choice.splits}" if choice.schedule.split_k else ""
+    return (f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} "
+            f"g{choice.raster_group}{split}")
 
 
 def _validate_shapes(shapes, dtype) -> list[tuple[int, int, int]]:
@@ -159,10 +182,12 @@ def _validate_shapes(shapes, dtype) -> list[tuple[int, int, int]]:
 
 
 def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5,
-             input_sets: int = 2, progress=sys.stderr) -> list[dict]:
+             input_sets: int = 2, progress=None) -> list[dict]:
     """Times every candidate for each (m, n, k) of `shapes` (row-major A and B) and stores the
     fastest correct one (after each shape, so an interruption keeps what was tuned). Returns
     one row per shape: the winner and every correct candidate's TFLOP/s."""
+    # Looked up per call, not bound at import: the caller may have redirected stderr since.
+    progress = sys.stderr if progress is None else progress
     import cupy
 
     from . import api, fastpath, launch, layout
@@ -210,7 +235,8 @@ def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5
         choice = timed[best][0]
         record({problem_key(call.problem, device): TunedEntry(
             choice.schedule.name, choice.config.block_n, choice.config.stages,
-            choice.raster_group, round(tflops[best], 1), time.strftime("%Y-%m-%d"))})
+            choice.raster_group, round(tflops[best], 1), time.strftime("%Y-%m-%d"),
+            choice.splits)})
         fastpath.clear()  # remembered launches were built from the old choices
         print(f"[autotune] {m}x{n}x{k} {dtype}: best {best} {tflops[best]:.1f} TFLOP/s of "
               f"{len(tflops)} candidates", file=progress)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import hopmm
-from hopmm import api, device, fastpath, launch, layout
+from hopmm import api, device, fastpath, heuristics, launch, layout, workspace
 from hopmm.schedules import BLOCK_M, TMA_BOX_ELEMS
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -57,6 +57,8 @@ def _fake_cupy():
     m = types.ModuleType("cupy")
     m.ndarray = FakeArray
     m.empty = lambda shape, dtype=None: np.empty(shape, dtype).view(FakeArray)
+    m.zeros = lambda shape, dtype=None: np.zeros(shape, dtype).view(FakeArray)
+    m.uint8, m.uint32 = np.uint8, np.uint32
     m.result_type = np.result_type
     m.broadcast_to = lambda x, shape: np.broadcast_to(x, shape).view(FakeArray)
     m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
@@ -85,16 +87,23 @@ class SimulatedLaunch:
     """What the kernel computes, reconstructed from its launch arguments only."""
 
     launches = 0
+    split_launches = []   # (grid, stream, workspace pointer, semaphore pointer) of split-K
 
-    def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints):
-        self.grid, self.block_x, self.shared_mem_bytes = grid, block_x, shared_mem_bytes
+    def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints,
+                 pointers=0):
+        self.block_x, self.shared_mem_bytes = block_x, shared_mem_bytes
         self.templates = map_templates
+        self.grid = grid
+        self.pointers = pointers
         (self.k, self.z0, self.count, self.a_div, self.a_mod, self.b_div, self.b_mod,
          self.tiles_m, self.tiles_n, self.group) = ints
 
-    def launch(self, stream, a_ptr, b_ptr, c_ptr):
+    def launch(self, stream, a_ptr, b_ptr, c_ptr, *extra):
         SimulatedLaunch.launches += 1
         SimulatedLaunch.last = self
+        assert len(extra) == self.pointers + len(self.templates) - 3
+        if len(self.templates) == 4:
+            return self._split_k(stream, a_ptr, b_ptr, c_ptr, *extra)
         (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_) = \
             self.templates
         dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
@@ -112,6 +121,52 @@ class SimulatedLaunch:
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
             c[z] = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
 
+    def _split_k(self, stream, a_ptr, b_ptr, c_ptr, w_map_ptr, w_ptr, sem_ptr):
+        """The split-K kernel: split s of a tile sums its k-blocks (the kernel's partition),
+        the partials meet in the workspace in split order, the last adds it to its own; the
+        semaphores must be zero before and are zero after."""
+        tiles, splits, count = self.grid
+        SimulatedLaunch.split_launches.append((self.grid, stream, w_ptr, sem_ptr))
+        assert tiles == self.tiles_m * self.tiles_n and count == self.count
+        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_), \
+            (w_type, w_dims, w_str, w_box, *_) = self.templates
+        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
+        a, b, c = (_view(p, d, s, dt) for p, d, s in
+                   ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
+        a_k_major, b_n_major = a_box[1] == BLOCK_M, b_box[1] == TMA_BOX_ELEMS
+        n, m = c_dims[0], c_dims[1]
+        assert (n, m) == (c.shape[2], c.shape[1])
+        k_blocks = -(-self.k // 64)
+        assert 1 <= splits <= k_blocks and tiles * splits * count <= device.H100_SXM.sm_count
+        sems = _view(sem_ptr, (tiles * 2, count, 1), (tiles * 2 * 4, tiles * 2 * 4 * count),
+                     np.dtype(np.uint32))
+        assert not sems.any(), "semaphores must be zero when a kernel starts"
+        if splits > 1:
+            assert w_type == 7 and w_box == (32, 64, 1) and w_dims[2] == count
+            assert w_dims[0] >= self.tiles_n * 128 and w_dims[1] >= self.tiles_m * 128
+            assert w_map_ptr == w_ptr
+            ws = _view(w_ptr, w_dims, w_str, np.dtype(np.float32))
+        for zl in range(self.count):
+            z = self.z0 + zl
+            za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
+            am = (a[za] if a_k_major else a[za].T).astype(np.float32)
+            bm = (b[zb] if b_n_major else b[zb].T).astype(np.float32)
+            q, r = divmod(k_blocks, splits)
+            partials = []
+            for s in range(splits):
+                first, nblk = s * q + min(s, r), q + (s < r)
+                assert nblk >= 1
+                lo, hi = 64 * first, min(self.k, 64 * (first + nblk))
+                partials.append(am[:, lo:hi] @ bm[lo:hi])
+            assert 64 * (splits * q + min(splits, r)) >= self.k  # every k-block covered
+            if splits == 1:
+                c[z] = partials[0].astype(dt)
+                continue
+            ws[zl, :m, :n] = partials[0]
+            for p in partials[1:-1]:
+                ws[zl, :m, :n] += p
+            c[z] = (ws[zl, :m, :n] + partials[-1]).astype(dt)
+
 
 @pytest.fixture
 def simulated_gpu(monkeypatch):
@@ -123,9 +178,13 @@ def simulated_gpu(monkeypatch):
     # with a GPU, a fake handle left there would be launched by the GPU tests that follow.
     monkeypatch.setattr(launch, "_loaded", lambda *args: _FAKE_KERNEL)
     fastpath.clear()
+    workspace.clear()
     SimulatedLaunch.launches = 0
+    SimulatedLaunch.split_launches = []
     yield
     fastpath.clear()
+    workspace.clear()
+    hopmm.use_schedule(None)
 
 
 def rand(shape, dtype=BF16):
@@ -223,3 +282,61 @@ def test_pingpong_through_the_glue(simulated_gpu, case):
     cfg = PingPongSchedule.deepest(str(a.dtype), 128, case == "both_transposed",
                                    case != "both_transposed", device.H100_SXM.smem_per_block_optin)
     assert run.shared_mem_bytes == PingPongSchedule.smem_bytes(cfg)
+
+
+SPLIT_CASES = {
+    # (m, k, n, batch): splits dividing / not dividing the k-blocks, K not a multiple of 64,
+    # K shorter than 2 k-blocks, batches, several tiles.
+    "even": (256, 1024, 256, 1),
+    "uneven": (200, 64 * 13, 136, 1),
+    "k_not_64": (130, 1000, 70, 1),
+    "k_tiny": (64, 65, 64, 1),
+    "k_one_block": (64, 40, 64, 1),
+    "batched": (100, 700, 90, 3),
+    "many_tiles": (1000, 300, 1023, 1),
+}
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=list(SPLIT_CASES))
+def test_simulated_split_k(simulated_gpu, case):
+    m, k, n, batch = SPLIT_CASES[case]
+    hopmm.use_schedule("split_k")
+    a, b = rand((batch, m, k)), rand((k, n))
+    expect(a, b, hopmm.matmul(a, b))
+    (grid, _, _, sem_ptr), = SimulatedLaunch.split_launches
+    tiles = -(-m // 128) * -(-n // 128)
+    assert grid[0] == tiles and grid[2] == batch and grid[1] * tiles * batch <= 132
+    assert grid[1] == heuristics.choose(api._kernel_call(a, b, layout.matmul_shapes(
+        a.shape, b.shape)).problem, device.H100_SXM, "split_k").splits
+    if -(-k // 64) >= 2 and tiles * batch * 2 <= 132:
+        assert grid[1] >= 2, "forced split-K splits whenever the bound allows"
+
+
+def test_simulated_split_k_fast_path_and_streams(simulated_gpu, monkeypatch):
+    """Repeat calls reuse the remembered split-K launch; each stream gets its own workspace
+    and semaphores, grown (never shrunk) as needed, semaphores zero at allocation."""
+    hopmm.use_schedule("split_k")
+    import cupy
+
+    streams = iter([7, 7, 9, 9])
+    monkeypatch.setattr(cupy.cuda, "get_current_stream",
+                        lambda: types.SimpleNamespace(ptr=next(streams)))
+    for shape in [(256, 2048, 256), (256, 2048, 256), (256, 2048, 256), (512, 4096, 384)]:
+        m, k, n = shape
+        a, b = rand((m, k)), rand((k, n))
+        expect(a, b, hopmm.matmul(a, b))
+    used = SimulatedLaunch.split_launches
+    assert [s for _, s, _, _ in used] == [7, 7, 9, 9]
+    assert used[0][2:] == used[1][2:]           # same stream: the same workspace
+    assert used[1][2] != used[2][2] and used[1][3] != used[2][3]   # other stream: its own
+    ws7, ws9 = workspace._workspaces[(0, 7)], workspace._workspaces[(0, 9)]
+    # One fp32 copy of the (tile-padded) output per stream, whatever the split count.
+    assert ws7.data.nbytes >= 256 * 256 * 4 and ws7.semaphores.size >= 4 * 2
+    assert ws9.data.nbytes >= 512 * 384 * 4 and ws9.semaphores.size >= 12 * 2
+    assert not ws9.semaphores.any()
+
+
+def test_workspace_growth():
+    assert workspace._grown(0, 10, 1 << 20) == 1 << 20
+    assert workspace._grown(1 << 20, (1 << 20) + 1, 1 << 20) == 1 << 21
+    assert workspace._grown(1 << 22, 5, 1 << 20) == 1 << 22

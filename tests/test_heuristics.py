@@ -81,3 +81,80 @@ def test_schedule_by_name():
 
 def test_default_schedule_is_persistent():
     assert choose(8192, 8192, 8192).schedule.name == "persistent"
+
+
+# ---- split-K ----------------------------------------------------------------------------
+
+from hopmm.schedules import SplitKSchedule  # noqa: E402
+
+TARGETS = [(512, 512, 16384), (128, 4096, 16384), (256, 256, 65536), (64, 2048, 32768)]
+
+
+@pytest.mark.parametrize("m,n,k", TARGETS)
+def test_few_tiles_and_long_k_take_split_k(m, n, k):
+    c = choose(m, n, k)
+    assert c.schedule is SplitKSchedule and c.splits >= 2
+    tiles = -(-m // 128) * -(-n // 128)
+    assert tiles * c.splits <= H100_SXM.sm_count
+    assert -(-k // 64) // c.splits >= heuristics.SPLIT_K_MIN_K_BLOCKS
+    assert c.splits <= heuristics.SPLIT_K_MAX_SPLITS
+    assert f"in {c.splits} splits" in c.reason and "operand stages not reused" in c.reason
+
+
+def test_split_counts_of_the_target_shapes():
+    # The time model's minima, which are the fastest counts measured on an H100.
+    assert [choose(m, n, k).splits for m, n, k in TARGETS] == [4, 2, 10, 4]
+
+
+def test_split_k_model_prefers_one_split_when_l2_bound_or_short():
+    # 64 tiles x 65 k-blocks: the operand stream through L2 bounds 1 and 2 splits alike
+    # (measured: 342 vs 339 TFLOP/s); 1024^3: 2 splits of 8 k-blocks lost (254 -> 172).
+    assert choose(1000, 1023, 4097).schedule is not SplitKSchedule
+    assert choose(1024, 1024, 1024).schedule is not SplitKSchedule
+    est = heuristics.split_k_estimate_us
+    assert est(4, 1024, 10, 32768) < est(4, 1024, 16, 32768) < est(4, 1024, 1, 32768)
+
+
+@pytest.mark.parametrize("m,n,k,batch", [(4096, 4096, 4096, 1), (512, 512, 256, 1),
+                                         (1024, 1024, 16384, 8), (300, 260, 200, 1),
+                                         (1000, 1023, 4097, 1), (1024, 1024, 1024, 1)])
+def test_split_k_only_when_it_pays(m, n, k, batch):
+    # Many tiles (or batches), or too few k-blocks per split: no split-K.
+    assert choose(m, n, k, batch).schedule is not SplitKSchedule
+
+
+@pytest.mark.parametrize("m,n,k,batch", [(300, 260, 200, 1), (8192, 8192, 64, 1),
+                                         (17, 23, 5, 100000), (64, 64, 40, 1),
+                                         (128, 128, 4097, 7), (4096, 4096, 4096, 1)])
+def test_forced_split_k_keeps_the_bound(m, n, k, batch):
+    p = Problem(m, n, k, batch, "bfloat16")
+    c = heuristics.choose(p, H100_SXM, "split_k")
+    assert c.schedule is SplitKSchedule and c.splits >= 1
+    count = min(batch, 65535)
+    tiles = -(-m // 128) * -(-n // 128)
+    assert c.splits == 1 or tiles * c.splits * count <= H100_SXM.sm_count
+    assert c.splits <= -(-k // 64)
+    grid = SplitKSchedule.grid(p, c.config, count, H100_SXM.sm_count, c.splits)
+    assert grid == (tiles, c.splits, count)
+
+
+def test_grid_rejects_splits_beyond_the_bound():
+    p = Problem(256, 256, 1024, 1, "bfloat16")
+    cfg = heuristics.choose(p, H100_SXM, "split_k").config
+    assert SplitKSchedule.max_splits(p, cfg, 1, 132) == 16   # 16 k-blocks, 4 tiles
+    with pytest.raises(ValueError, match="co-residency"):
+        SplitKSchedule.grid(p, cfg, 1, 132, 17)
+    p2 = Problem(256, 256, 65536, 1, "bfloat16")
+    assert SplitKSchedule.max_splits(p2, cfg, 1, 132) == 33
+
+
+def test_split_k_workspace_and_smem_plan():
+    p = Problem(1000, 1023, 4097, 3, "bfloat16")
+    cfg = heuristics.choose(p, H100_SXM, "split_k").config
+    assert SplitKSchedule.workspace_shape(p, cfg, 3, 2) == (3, 1024, 1024)
+    assert SplitKSchedule.workspace_shape(p, cfg, 3, 1) == (1, 128, 128)
+    assert SplitKSchedule.semaphore_count(p, cfg, 3) == 3 * 64 * 2
+    # fp32 partial (64 KB) in place of the 16-bit tile (32 KB): 5 stages of 32 KB fit.
+    assert SplitKSchedule.epilogue_bytes(cfg) == 128 * 128 * 4
+    assert cfg.stages == 5
+    assert SplitKSchedule.smem_bytes(cfg) <= H100_SXM.smem_per_block_optin

@@ -492,6 +492,14 @@ def test_kernel_launch_needs_one_address_per_map():
         make_launch().launch(0)
 
 
+def test_kernel_launch_pointers_follow_the_maps():
+    """Split-K passes raw pointers (workspace, semaphores) after the maps' addresses."""
+    with pytest.raises(ValueError, match="then 2 pointer arguments"):
+        make_launch(pointers=2).launch(0, 1024)
+    with pytest.raises(ValueError, match="at most 4 pointer"):
+        make_launch(pointers=5)
+
+
 @pytest.mark.skipif(_tensormap.driver_available(), reason="a CUDA driver is present")
 def test_kernel_launch_without_driver_names_the_driver():
     with pytest.raises(RuntimeError, match="driver"):

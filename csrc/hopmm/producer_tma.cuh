@@ -26,11 +26,13 @@ struct TmaProducer {
     }
 
     // `ring` counts k-blocks through the stage ring: stage = ring % kStages, and the parity of
-    // that stage's current phase = (ring / kStages) & 1.
+    // that stage's current phase = (ring / kStages) & 1. The tile's k-blocks are
+    // first_k_block .. first_k_block + num_k_blocks - 1 (split-K loads a slice of K).
     __device__ __forceinline__ static void load_tile(const TensorMap* map_a, const TensorMap* map_b,
                                                      const SharedStorage<Cfg>& smem, int m0, int n0,
-                                                     int za, int zb, int num_k_blocks, int& ring) {
-        for (int kb = 0; kb < num_k_blocks; ++kb, ++ring) {
+                                                     int za, int zb, int num_k_blocks, int& ring,
+                                                     int first_k_block = 0) {
+        for (int kb = first_k_block; kb < first_k_block + num_k_blocks; ++kb, ++ring) {
             const int s = ring % S::kStages;
             const u32 phase = (ring / S::kStages) & 1;
             // A fresh barrier's "previous phase" (parity 1) counts as complete, so the first

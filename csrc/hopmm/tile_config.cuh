@@ -66,7 +66,18 @@ struct TileShape {
     // bytes.
     static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;
     static constexpr u32 kCRowBlockBytes = (kBlockN / kTmaBoxElems) * kCBoxBytes;
-    static constexpr u32 kCBytesPerConsumer = kRowBlocks * kCRowBlockBytes;
+    static constexpr u32 kC16BytesPerConsumer = kRowBlocks * kCRowBlockBytes;
+    // Split-K (Cfg::kSplitK) stages an fp32 partial in the same place: kBlockN / 32 boxes of
+    // 64 rows x 32 floats (128 bytes, one swizzle row). A consumer either stages the partial
+    // (splits before the last) or the 16-bit result (the last split), never both, so the two
+    // share memory with no barrier between them.
+    static constexpr int kF32BoxElems = kSwizzleBytes / 4;
+    static constexpr u32 kF32BoxBytes = kWgmmaM * kSwizzleBytes;
+    static constexpr u32 kF32BytesPerConsumer = (kBlockN / kF32BoxElems) * kF32BoxBytes;
+    static_assert(!Cfg::kSplitK || kRowBlocks == 1, "split-K consumers share each tile");
+    static constexpr u32 kCBytesPerConsumer =
+        Cfg::kSplitK && kF32BytesPerConsumer > kC16BytesPerConsumer ? kF32BytesPerConsumer
+                                                                    : kC16BytesPerConsumer;
 
     static constexpr u32 kAOffset = 0;
     static constexpr u32 kBOffset = kAOffset + kStages * kABytes;

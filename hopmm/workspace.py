@@ -1,0 +1,82 @@
+"""Split-K scratch memory: an fp32 workspace and the per-tile semaphores, one pair per
+(device, stream).
+
+Two streams never share one: split-K kernels running concurrently on two streams would
+otherwise reduce into each other's workspace tiles and count on each other's semaphores.
+Launches on one stream are ordered, so they can all reuse the same pair. The semaphores are
+zeroed once, when allocated (on the stream that uses them, so the memset is ordered before
+the first kernel); every split-K kernel leaves them at zero (the last split of a tile resets
+its semaphore), so no launch needs a memset. The workspace needs no initialisation: the first
+split of a tile overwrites its part before anything reads it.
+
+Growing replaces an allocation with a larger one. The old one is released to CuPy's memory
+pool, whose free chunks are kept per stream: only later work on the same stream, which is
+ordered after the kernels still using the old chunk, can receive it.
+(A caveat: a stream destroyed while its split-K kernels still run and a new stream that gets
+the same handle would share the pair.)
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+# Allocations grow to at least this, and by doubling, so a sequence of growing problems
+# reallocates only a few times.
+MIN_WORKSPACE_BYTES = 1 << 20
+MIN_SEMAPHORES = 1024
+
+
+@dataclass
+class Workspace:
+    data: object        # cupy uint8 array: the fp32 workspace
+    semaphores: object  # cupy uint32 array, zero between kernels
+
+    @property
+    def data_ptr(self) -> int:
+        return self.data.data.ptr
+
+    @property
+    def semaphores_ptr(self) -> int:
+        return self.semaphores.data.ptr
+
+
+_workspaces: dict = {}
+_lock = threading.Lock()
+
+
+def _grown(current: int, needed: int, floor: int) -> int:
+    size = max(current, floor)
+    while size < needed:
+        size *= 2
+    return size
+
+
+def get(device_id: int, stream_ptr: int, workspace_bytes: int, semaphores: int) -> Workspace:
+    """The (device, stream)'s workspace with at least `workspace_bytes` bytes and
+    `semaphores` zeroed semaphores; call with that device and stream current."""
+    key = (device_id, stream_ptr)
+    ws = _workspaces.get(key)
+    if (ws is not None and ws.data.nbytes >= workspace_bytes
+            and ws.semaphores.size >= semaphores):
+        return ws
+    import cupy
+
+    with _lock:
+        ws = _workspaces.get(key)
+        data = ws.data if ws is not None else None
+        sems = ws.semaphores if ws is not None else None
+        if data is None or data.nbytes < workspace_bytes:
+            data = cupy.empty(_grown(0 if data is None else data.nbytes, workspace_bytes,
+                                     MIN_WORKSPACE_BYTES), dtype=cupy.uint8)
+        if sems is None or sems.size < semaphores:
+            sems = cupy.zeros(_grown(0 if sems is None else sems.size, semaphores,
+                                     MIN_SEMAPHORES), dtype=cupy.uint32)
+        ws = Workspace(data, sems)
+        _workspaces[key] = ws
+        return ws
+
+
+def clear() -> None:
+    """Drops every cached workspace (tests; freeing memory)."""
+    with _lock:
+        _workspaces.clear()

@@ -1,0 +1,197 @@
+"""GPU tier, split-K: correctness against cupy.matmul for explicit split counts (dividing the
+k-blocks or not, K not a multiple of 64, K shorter than splits x 64 is refused by the bound),
+batches and transposed / strided operands; bitwise identical results run to run and across
+two streams; semaphores back at zero after every kernel. Skips without a Hopper GPU."""
+import dataclasses
+
+import numpy as np
+import pytest
+
+from conftest import requires_hopper
+
+pytestmark = requires_hopper
+
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def _strict(monkeypatch):
+    monkeypatch.setenv("HOPMM_STRICT", "1")
+    yield
+    import hopmm
+
+    hopmm.use_schedule(None)
+
+
+def rand(shape, dtype):
+    import cupy
+
+    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
+
+
+def ref(a, b):
+    import cupy
+
+    return cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+
+
+def rel_err(got, a, b):
+    import cupy
+
+    r = ref(a, b)
+    got = got.astype(cupy.float32)
+    assert got.shape == r.shape
+    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) output elements"
+    return float(cupy.linalg.norm(got - r) / max(float(cupy.linalg.norm(r)), 1e-30))
+
+
+def run_split(a, b, splits):
+    """C = A @ B on the split-K kernel with exactly `splits` splits (output poisoned first).
+    Returns (C, the choice)."""
+    import cupy
+
+    from hopmm import api, heuristics, launch, layout
+    from hopmm.device import query
+
+    shapes = layout.matmul_shapes(a.shape, b.shape)
+    call = api._kernel_call(a, b, shapes)
+    dev = query(cupy.cuda.Device().id)
+    choice = dataclasses.replace(heuristics.choose(call.problem, dev, "split_k"), splits=splits)
+    s = shapes
+    c3 = cupy.full((s.batch, s.m, layout.padded(s.n, a.itemsize)), cupy.nan,
+                   dtype=a.dtype)[:, :, :s.n]
+    launches = launch.build_launches(choice, call.problem, call.a3, call.a_map, call.b3,
+                                     call.b_map, c3)
+    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
+    return c3.reshape(s.out_shape), choice
+
+
+def semaphores_zero():
+    import cupy
+
+    from hopmm import workspace
+
+    cupy.cuda.get_current_stream().synchronize()
+    return all(not bool(ws.semaphores.any()) for ws in workspace._workspaces.values())
+
+
+# (m, n, k, splits): 16 k-blocks / 4; 65 k-blocks / 2, 7, 16 (uneven); K = 4097 and 1000
+# (not multiples of 64); 2 k-blocks / 2 (K = 100 < 2 x 64 + 64); many splits of 1 k-block.
+CASES = [(256, 256, 1024, 4), (1000, 1023, 4097, 2), (300, 260, 4097, 7),
+         (128, 128, 4097, 16), (200, 136, 1000, 3), (64, 64, 100, 2), (128, 256, 640, 10),
+         (512, 512, 16384, 8), (256, 256, 65536, 16), (128, 4096, 16384, 4), (17, 23, 777, 5),
+         (1, 8, 64, 1), (130, 70, 1000, 1)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k,splits", CASES, ids=[f"{m}x{n}x{k}_s{s}" for m, n, k, s in CASES])
+def test_split_k_matches_cupy(m, n, k, splits, dtype):
+    a, b = rand((m, k), dtype), rand((k, n), dtype)
+    c, choice = run_split(a, b, splits)
+    assert choice.splits == splits
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert semaphores_zero()
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_split_k_transposed_and_batched(ta, tb):
+    dtype = "bfloat16"
+    m, n, k, batch = 200, 136, 1500, 3
+    a = rand((batch, k, m), dtype).transpose(0, 2, 1) if ta else rand((batch, m, k), dtype)
+    b = rand((batch, n, k), dtype).transpose(0, 2, 1) if tb else rand((batch, k, n), dtype)
+    c, _ = run_split(a, b, 5)
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert semaphores_zero()
+
+
+def test_split_k_strided_views_and_broadcast():
+    dtype = "float16"
+    big_a = rand((300, 2100), dtype)
+    a = big_a[10:210, 8:2008]           # strided rows, read in place
+    b = rand((2000, 2, 96), dtype)[:, 1, :]   # 2-element row stride
+    c, _ = run_split(a, b, 6)
+    assert rel_err(c, a, b) < TOL[dtype]
+    a3, b3 = rand((4, 100, 900), dtype), rand((900, 50), dtype)   # B broadcast over the batch
+    c, _ = run_split(a3, b3, 3)
+    assert rel_err(c, a3, b3) < TOL[dtype]
+
+
+def test_forced_split_k_through_matmul_and_explain():
+    import hopmm
+
+    hopmm.use_schedule("split_k")
+    a, b = rand((512, 16384), "bfloat16"), rand((16384, 512), "bfloat16")
+    text = hopmm.explain(a, b)
+    assert "schedule: split_k" in text and "4 splits" in text, text
+    out = hopmm.matmul(a, b)
+    assert rel_err(out, a, b) < TOL["bfloat16"]
+    again = hopmm.matmul(a, b)          # the fast path
+    import cupy
+
+    assert bool(cupy.array_equal(out.view(cupy.uint16), again.view(cupy.uint16)))
+    assert semaphores_zero()
+
+
+@pytest.mark.parametrize("m,n,k", [(512, 512, 16384), (128, 4096, 16384), (256, 256, 65536)])
+def test_heuristic_picks_split_k_and_is_right(m, n, k):
+    import hopmm
+
+    a, b = rand((m, k), "bfloat16"), rand((k, n), "bfloat16")
+    assert "schedule: split_k" in hopmm.explain(a, b)
+    assert rel_err(hopmm.matmul(a, b), a, b) < TOL["bfloat16"]
+
+
+@pytest.mark.parametrize("splits", [2, 7, 16])
+def test_split_k_bitwise_deterministic(splits):
+    """Many repeats (timing varies: the split that finishes first is not always split 0) give
+    the same bits."""
+    import cupy
+
+    a, b = rand((256, 4096), "bfloat16"), rand((4096, 384), "bfloat16")
+    first, _ = run_split(a, b, splits)
+    bits = first.view(cupy.uint16).copy()
+    for _ in range(20):
+        again, _ = run_split(a, b, splits)
+        assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
+    assert rel_err(first, a, b) < TOL["bfloat16"]
+
+
+def test_split_k_two_streams_concurrently():
+    """Two streams run split-K kernels at the same time, each on its own workspace and
+    semaphores: both are right and bitwise equal to a lone run."""
+    import cupy
+
+    import hopmm
+    from hopmm import workspace
+
+    hopmm.use_schedule("split_k")
+    a, b = rand((512, 8192), "bfloat16"), rand((8192, 256), "bfloat16")
+    lone = hopmm.matmul(a, b)
+    cupy.cuda.get_current_stream().synchronize()
+    s1, s2 = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+    outs = {s1: [], s2: []}
+    for _ in range(10):
+        for s in (s1, s2):
+            with s:
+                outs[s].append(hopmm.matmul(a, b))
+    s1.synchronize()
+    s2.synchronize()
+    keys = [k for k in workspace._workspaces if k[1] in (s1.ptr, s2.ptr)]
+    assert len(keys) == 2
+    w1, w2 = (workspace._workspaces[k] for k in keys)
+    assert w1.data_ptr != w2.data_ptr and w1.semaphores_ptr != w2.semaphores_ptr
+    for s in (s1, s2):
+        for r in outs[s]:
+            assert bool(cupy.array_equal(r.view(cupy.uint16), lone.view(cupy.uint16)))
+    assert semaphores_zero()
+
+
+def test_split_k_forced_on_huge_batch_uses_one_split():
+    """Forced on a batch larger than one grid: the bound leaves 1 split (the plain kernel)."""
+    import hopmm
+
+    hopmm.use_schedule("split_k")
+    a, b = rand((70000, 8, 64), "float16"), rand((64, 16), "float16")
+    out = hopmm.matmul(a, b)
+    np.testing.assert_allclose(out.astype("float32").get(), ref(a, b).get(), rtol=2e-2,
+                               atol=2e-2)
