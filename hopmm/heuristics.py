@@ -46,10 +46,11 @@ class Choice:
     splits: int = 1         # CTAs per output tile along K (split_k only)
 
 
-# Relative main-loop speed of one SM per tile width: a narrower tile reads more of A and B
-# per flop. From autotune tables on an H100 (bench/NOTES.md, v0.5): 128-wide tiles ran 0.88 -
-# 0.92 x the 256-wide ones where both filled the SMs equally; 192 lies between.
-TILE_WIDTH_SPEED = {256: 1.0, 192: 0.96, 128: 0.90}
+# Relative main-loop speed of one SM per tile width. A narrower tile reads more of A and B
+# per flop, but leaves room for more stages. Autotune tables on an H100 (bench/NOTES.md, v0.5):
+# 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both filled the SMs equally; 192
+# (4 stages against 3) ran level with 256 or up to 2 % ahead.
+TILE_WIDTH_SPEED = {256: 1.0, 192: 1.0, 128: 0.90}
 
 
 def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
