@@ -70,8 +70,8 @@ class WarpSpecializedSchedule:
     }
     # Whether a CTA's TMA store stays in flight while the CTA goes on to its next tile.
     overlap_store = False
-    # 192 is there for wave quantization: 3000 x 3000 makes 288 tiles of 128 x 256 (2.2 waves
-    # of 132 SMs, the third one 18 % full) but 384 of 128 x 192 (2.9 waves).
+    # 192 runs level with 256 per tile (4 stages against 3, bench/NOTES.md v0.5) and gives the
+    # heuristic a third width against wave quantization.
     block_ns = (128, 192, 256)
     # CTAs per thread-block cluster (1: no cluster).
     cluster_size = 1
@@ -122,6 +122,8 @@ class WarpSpecializedSchedule:
         """Rows (M for A, N for B) of one TMA box of a K-major A and a K-major B: the whole
         tile, loaded in one box. (MN-major operands are read in 64 x 64 boxes.)"""
         return cfg.block_m, cfg.block_n
+
+    @staticmethod
     def consumer_rows(cfg: KernelConfig) -> int:
         """Rows of an output tile one consumer warpgroup computes: the consumers split each
         tile."""

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 # reallocates only a few times.
 MIN_WORKSPACE_BYTES = 1 << 20
 MIN_SEMAPHORES = 1024
+PER_THREAD_DEFAULT_STREAM = 2   # cudaStreamPerThread
 
 
 @dataclass
@@ -54,7 +55,10 @@ def _grown(current: int, needed: int, floor: int) -> int:
 def get(device_id: int, stream_ptr: int, workspace_bytes: int, semaphores: int) -> Workspace:
     """The (device, stream)'s workspace with at least `workspace_bytes` bytes and
     `semaphores` zeroed semaphores; call with that device and stream current."""
-    key = (device_id, stream_ptr)
+    # CuPy's per-thread default stream has the same handle in every host thread but is a
+    # different stream in each: those threads must not share semaphores.
+    key = (device_id, stream_ptr,
+           threading.get_ident() if stream_ptr == PER_THREAD_DEFAULT_STREAM else None)
     ws = _workspaces.get(key)
     if (ws is not None and ws.data.nbytes >= workspace_bytes
             and ws.semaphores.size >= semaphores):

@@ -329,11 +329,33 @@ def test_simulated_split_k_fast_path_and_streams(simulated_gpu, monkeypatch):
     assert [s for _, s, _, _ in used] == [7, 7, 9, 9]
     assert used[0][2:] == used[1][2:]           # same stream: the same workspace
     assert used[1][2] != used[2][2] and used[1][3] != used[2][3]   # other stream: its own
-    ws7, ws9 = workspace._workspaces[(0, 7)], workspace._workspaces[(0, 9)]
+    ws7, ws9 = workspace._workspaces[(0, 7, None)], workspace._workspaces[(0, 9, None)]
     # One fp32 copy of the (tile-padded) output per stream, whatever the split count.
     assert ws7.data.nbytes >= 256 * 256 * 4 and ws7.semaphores.size >= 4 * 2
     assert ws9.data.nbytes >= 512 * 384 * 4 and ws9.semaphores.size >= 12 * 2
     assert not ws9.semaphores.any()
+
+
+def test_per_thread_default_stream_is_one_stream_per_thread(simulated_gpu):
+    """cudaStreamPerThread has one handle but is a different stream in each thread: two
+    threads must not share semaphores on it; an ordinary stream handle is shared."""
+    import threading
+
+    got, cases = {}, [("t1", workspace.PER_THREAD_DEFAULT_STREAM),
+                      ("t2", workspace.PER_THREAD_DEFAULT_STREAM), ("u1", 7), ("u2", 7)]
+    alive = threading.Barrier(len(cases))   # all threads live at once: no reused thread ids
+
+    def take(name, stream):
+        got[name] = workspace.get(0, stream, 1024, 8)
+        alive.wait()
+
+    threads = [threading.Thread(target=take, args=case) for case in cases]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert got["t1"].semaphores is not got["t2"].semaphores
+    assert got["u1"].semaphores is got["u2"].semaphores
 
 
 def test_workspace_growth():

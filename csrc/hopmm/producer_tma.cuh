@@ -1,5 +1,6 @@
 // Slot `producer`: one elected thread of the producer warpgroup streams A and B tiles into the
-// stage ring with TMA. Stage s is reused only after both consumers released it (empty[s]).
+// stage ring with TMA. Stage s is reused only after every reader released it (empty[s], which
+// counts TileShape::kEmptyArrivals: each consumer that reads the stage, in every CTA of a cluster).
 #pragma once
 #include "tile_config.cuh"
 
