@@ -97,6 +97,14 @@ class WorkspaceLaunch:
         self.inner.launch(stream, a_ptr, b_ptr, c_ptr, w_ptr, w_ptr, ws.semaphores_ptr)
 
 
+def _map_template(spec: tma.TensorMapSpec) -> tuple:
+    """A tensor map as KernelLaunch encodes it at each launch: everything but the address,
+    which is fixed for every later launch, so it is validated once here."""
+    spec.validate()
+    return (tma.DATA_TYPES[spec.dtype], spec.dims, spec.strides_bytes, spec.box,
+            tma.SWIZZLE[spec.swizzle], spec.l2_promotion, spec.oob_fill)
+
+
 def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
                    b_map: BatchMapping, c3) -> list:
     """Launches computing C3 = A3 @ B3 over the broadcast batch (one per chunk of at most
@@ -125,11 +133,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     spec_b = (matrix_spec(b3, "cols", cfg.block_k) if cfg.trans_b
               else matrix_spec(b3, "rows", b_rows))
     spec_c = matrix_spec(c3, "cols", TMA_BOX_ELEMS)
-    templates = []
-    for spec in (spec_a, spec_b, spec_c):
-        spec.validate()  # everything but the address is fixed for every later launch
-        templates.append((tma.DATA_TYPES[spec.dtype], spec.dims, spec.strides_bytes, spec.box,
-                          tma.SWIZZLE[spec.swizzle], spec.l2_promotion, spec.oob_fill))
+    templates = [_map_template(spec) for spec in (spec_a, spec_b, spec_c)]
     tiles_m, tiles_n = sched.tiles(problem, cfg)
     sm_count = query(device_id).sm_count
     launches = []
@@ -144,12 +148,9 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         # Split-K: a fourth map (the fp32 workspace of this chunk's geometry) and the
         # workspace / semaphore pointers, all of the launching stream's workspace.
         ws_shape = sched.workspace_shape(problem, cfg, count, choice.splits)
-        spec_w = workspace_spec(ws_shape)
-        spec_w.validate()
-        t_w = (tma.DATA_TYPES[spec_w.dtype], spec_w.dims, spec_w.strides_bytes, spec_w.box,
-               tma.SWIZZLE[spec_w.swizzle], spec_w.l2_promotion, spec_w.oob_fill)
         inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
-                             templates + [t_w], ints, pointers=sched.pointers)
+                             templates + [_map_template(workspace_spec(ws_shape))], ints,
+                             pointers=sched.pointers)
         ws_bytes = ws_shape[0] * ws_shape[1] * ws_shape[2] * F32_BYTES
         launches.append(WorkspaceLaunch(inner, device_id, ws_bytes,
                                         sched.semaphore_count(problem, cfg, count)))

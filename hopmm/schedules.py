@@ -78,11 +78,10 @@ class WarpSpecializedSchedule:
     # Whether the k-blocks of a tile are divided among CTAs (grid y) and reduced in order.
     split_k = False
     # Kernel parameters after the three operand maps (kernel_entry.cu.in) and the arguments the
-    # skeleton gets for them; KernelLaunch passes `extra_maps` more maps and `pointers` raw
-    # device pointers, in that order, before the integers.
+    # skeleton gets for them; KernelLaunch passes the extra maps and `pointers` raw device
+    # pointers, in that order, before the integers.
     extra_params = ""
     extra_args = ""
-    extra_maps = 0
     pointers = 0
 
     @classmethod
@@ -333,7 +332,6 @@ class SplitKSchedule(WarpSpecializedSchedule):
     extra_params = ("\n               const __grid_constant__ hopmm::TensorMap map_w,"
                     "\n               const float* workspace, unsigned* semaphores,")
     extra_args = " &map_w, workspace, semaphores,"
-    extra_maps = 1
     pointers = 2
 
     @classmethod

@@ -22,20 +22,18 @@ __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const Te
     const int thread = threadIdx.x % kWarpgroupThreads;
     const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
 
-    const int tiles_per_slice = raster.tiles_m * raster.tiles_n;
-    const int total_tiles = tiles_per_slice * batch_count;
-    const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    const int total_tiles = raster.per_slice() * batch_count;
+    const int num_k_blocks = S::k_blocks(k);
     int ring = 0;
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
             for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-                const int z = batch_offset + t / tiles_per_slice;
-                int m_tile, n_tile;
-                raster.tile(t % tiles_per_slice, m_tile, n_tile);
-                Producer::load_tile(map_a, map_b, smem, m_tile * S::kBlockM, n_tile * S::kBlockN,
-                                    batch_a(z), batch_b(z), num_k_blocks, ring);
+                const TileCoord c = raster.batched(t, batch_offset);
+                Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM,
+                                    c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
+                                    num_k_blocks, ring);
             }
         }
     } else {
@@ -43,12 +41,11 @@ __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const Te
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
         for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-            const int z = batch_offset + t / tiles_per_slice;
-            int m_tile, n_tile;
-            raster.tile(t % tiles_per_slice, m_tile, n_tile);
+            const TileCoord c = raster.batched(t, batch_offset);
             consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
             Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                            m_tile * S::kBlockM + consumer * S::kWgmmaM, n_tile * S::kBlockN, z);
+                            c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
+                            c.n_tile * S::kBlockN, c.z);
         }
         Epilogue::finish(thread);
     }

@@ -50,22 +50,19 @@ __device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
 
     const int rank = static_cast<int>(cluster_ctarank());
     const GroupedRaster pairs = cluster_raster<S::kClusterSize>(raster);
-    const int pairs_per_slice = pairs.tiles_m * pairs.tiles_n;
-    const int total_pairs = pairs_per_slice * batch_count;
-    const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    const int total_pairs = pairs.per_slice() * batch_count;
+    const int num_k_blocks = S::k_blocks(k);
     int ring = 0;
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
             for (int p = cluster_id_x(); p < total_pairs; p += cluster_count_x()) {
-                const int z = batch_offset + p / pairs_per_slice;
-                int pair_m, n_tile;
-                pairs.tile(p % pairs_per_slice, pair_m, n_tile);
-                const int m_tile = pair_m * S::kClusterSize + rank;
+                const TileCoord pair = pairs.batched(p, batch_offset);
+                const int m_tile = pair.m_tile * S::kClusterSize + rank;
                 Producer::load_tile(map_a, map_b, smem, rank, m_tile * S::kBlockM,
-                                    n_tile * S::kBlockN, batch_a(z), batch_b(z), num_k_blocks,
-                                    ring);
+                                    pair.n_tile * S::kBlockN, batch_a(pair.z), batch_b(pair.z),
+                                    num_k_blocks, ring);
             }
         }
     } else {
@@ -73,17 +70,15 @@ __device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
         for (int p = cluster_id_x(); p < total_pairs; p += cluster_count_x()) {
-            const int z = batch_offset + p / pairs_per_slice;
-            int pair_m, n_tile;
-            pairs.tile(p % pairs_per_slice, pair_m, n_tile);
-            const int m_tile = pair_m * S::kClusterSize + rank;
+            const TileCoord pair = pairs.batched(p, batch_offset);
+            const int m_tile = pair.m_tile * S::kClusterSize + rank;
             consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
             // The whole tile is below the last row of C: nothing to store (the branch is
             // uniform over the CTA, and the epilogue's barriers are per consumer).
             if (m_tile < raster.tiles_m)
                 Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
                                 m_tile * S::kBlockM + consumer * S::kWgmmaM,
-                                n_tile * S::kBlockN, z);
+                                pair.n_tile * S::kBlockN, pair.z);
         }
         Epilogue::finish(thread);
     }

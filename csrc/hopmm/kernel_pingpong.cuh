@@ -38,20 +38,18 @@ __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const Tens
     const int thread = threadIdx.x % kWarpgroupThreads;
     const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
 
-    const int tiles_per_slice = raster.tiles_m * raster.tiles_n;
-    const int total_tiles = tiles_per_slice * batch_count;
-    const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    const int total_tiles = raster.per_slice() * batch_count;
+    const int num_k_blocks = S::k_blocks(k);
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
             int ring = 0;
             for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-                const int z = batch_offset + t / tiles_per_slice;
-                int m_tile, n_tile;
-                raster.tile(t % tiles_per_slice, m_tile, n_tile);
-                Producer::load_tile(map_a, map_b, smem, m_tile * S::kBlockM, n_tile * S::kBlockN,
-                                    batch_a(z), batch_b(z), num_k_blocks, ring);
+                const TileCoord c = raster.batched(t, batch_offset);
+                Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM,
+                                    c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
+                                    num_k_blocks, ring);
             }
         }
     } else {
@@ -62,14 +60,12 @@ __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const Tens
         Consumer consumer_state;
         int ring = consumer * num_k_blocks;  // consumer 1 starts at the CTA's second tile
         for (int t = blockIdx.x + consumer * ctas; t < total_tiles; t += 2 * ctas) {
-            const int z = batch_offset + t / tiles_per_slice;
-            int m_tile, n_tile;
-            raster.tile(t % tiles_per_slice, m_tile, n_tile);
+            const TileCoord c = raster.batched(t, batch_offset);
             const TensorCoreTurns turns(consumer, t + ctas < total_tiles);
             consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0, turns);
             ring += num_k_blocks;  // the other consumer's next tile
             Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                            m_tile * S::kBlockM, n_tile * S::kBlockN, z);
+                            c.m_tile * S::kBlockM, c.n_tile * S::kBlockN, c.z);
         }
         Epilogue::finish(thread);
     }

@@ -40,7 +40,7 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
     const int m0 = m_tile * S::kBlockM;
     const int n0 = n_tile * S::kBlockN;
     const int z = batch_offset + blockIdx.z;  // grids hold at most 65535 batches
-    const int k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    const int k_blocks = S::k_blocks(k);
     const int per_split = k_blocks / gridDim.y, extra = k_blocks % gridDim.y;
     const int split = blockIdx.y;
     const int first_k_block = split * per_split + min(split, extra);

@@ -25,7 +25,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
     const int m0 = m_tile * S::kBlockM;
     const int n0 = n_tile * S::kBlockN;
     const int z = batch_offset + blockIdx.z;  // grids hold at most 65535 batches
-    const int num_k_blocks = (k + S::kBlockK - 1) / S::kBlockK;
+    const int num_k_blocks = S::k_blocks(k);
     int ring = 0;
 
     if (warpgroup == 0) {

@@ -59,6 +59,9 @@ struct TileShape {
     // stage would deadlock.
     static_assert(kStages >= 2, "at least two pipeline stages");
 
+    // K-blocks of a k-long reduction (the last one zero-filled past k by TMA).
+    __device__ __forceinline__ static int k_blocks(int k) { return (k + kBlockK - 1) / kBlockK; }
+
     static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
     static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
     static constexpr u32 kStageBytes = kABytes + kBBytes;

@@ -6,6 +6,13 @@
 
 namespace hopmm {
 
+// One tile of a walk over batch slices: the batch slice and the tile's coordinates in it.
+struct TileCoord {
+    int z;
+    int m_tile;
+    int n_tile;
+};
+
 struct GroupedRaster {
     int tiles_m;
     int tiles_n;
@@ -19,6 +26,17 @@ struct GroupedRaster {
         const int in_group = t % per_group;
         m_tile = first_m + in_group % rows;
         n_tile = in_group / rows;
+    }
+
+    __device__ __forceinline__ int per_slice() const { return tiles_m * tiles_n; }
+
+    // Tile `t` of a walk that visits batch slice after batch slice, each in raster order,
+    // starting at slice `batch_offset` (the persistent skeletons' tile sequence).
+    __device__ __forceinline__ TileCoord batched(int t, int batch_offset) const {
+        TileCoord c;
+        c.z = batch_offset + t / per_slice();
+        tile(t % per_slice(), c.m_tile, c.n_tile);
+        return c;
     }
 };
 
