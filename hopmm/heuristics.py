@@ -51,6 +51,9 @@ class Choice:
 # 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both filled the SMs equally; 192
 # (4 stages against 3) ran level with 256 or up to 2 % ahead.
 TILE_WIDTH_SPEED = {256: 1.0, 192: 1.0, 128: 0.90}
+# Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
+# of an L2 round trip): such a width is taken only where no width gets this many.
+FAST_STAGES = 3
 
 
 def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
@@ -127,17 +130,21 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
     sched = SCHEDULES[schedule or PersistentSchedule.name]
     # Widest first, so that a tie goes to the tile that reads less per flop.
     widths = sorted((w for w in sched.block_ns if w in TILE_WIDTH_SPEED), reverse=True)
-    ranked = sorted(widths, key=lambda w: _relative_time(problem, device, w))
-    why = ""
-    for width in ranked:
-        cfg = sched.deepest(problem.dtype, width, problem.trans_a, problem.trans_b,
-                            device.smem_per_block_optin)
-        if cfg is not None:
-            break
-        why += f"a {BLOCK_M}x{width} tile leaves fewer than {MIN_STAGES} stages; "
-    else:
+    configs = {w: sched.deepest(problem.dtype, w, problem.trans_a, problem.trans_b,
+                                device.smem_per_block_optin) for w in widths}
+    if all(cfg is None for cfg in configs.values()):
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
+    # A width whose pipeline is shallower than FAST_STAGES only where no width has one that deep.
+    ranked = sorted((w for w in widths if configs[w] is not None),
+                    key=lambda w: (configs[w].stages < FAST_STAGES,
+                                   _relative_time(problem, device, w)))
+    cfg = configs[ranked[0]]
+    why = "".join(f"a {BLOCK_M}x{w} tile leaves fewer than {MIN_STAGES} stages; "
+                  for w in widths if configs[w] is None)
+    why += "".join(f"a {BLOCK_M}x{w} tile leaves only {configs[w].stages} stages; "
+                   for w in widths if configs[w] is not None and configs[w].stages < FAST_STAGES
+                   and cfg.stages >= FAST_STAGES)
     tiles = _tiles(problem, BLOCK_M, cfg.block_n)
     waves = tiles / device.sm_count
     why += (f"{tiles} tiles of {BLOCK_M}x{cfg.block_n} = {waves:.2f} waves of {device.sm_count} "

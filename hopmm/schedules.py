@@ -23,6 +23,13 @@ WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiate
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
 MIN_STAGES = 2
 CLUSTER_PAIR = 2          # CTAs per thread-block cluster of the cluster schedule
+# The epilogue stages each consumer's part of the output tile box by box (64 rows x 64
+# columns, one TMA store each) through a ring of staging boxes (epilogue_tma_store.cuh).
+C_BOX_BYTES = WGMMA_M * TMA_BOX_ELEMS * ELEM_BYTES
+# Two staging boxes per consumer at the least, so that one box's store overlaps the staging
+# of the next. Stages come first: the ring gets at least this many boxes and then whatever
+# the deepest operand ring leaves, up to the consumer's whole part of the tile.
+MIN_C_BUFFERS = 2
 
 
 @dataclass(frozen=True)
@@ -35,6 +42,7 @@ class KernelConfig:
     block_m: int = BLOCK_M
     block_k: int = TMA_BOX_ELEMS
     consumers: int = 2
+    c_buffers: int = MIN_C_BUFFERS  # staging boxes per consumer in the epilogue's ring
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -47,12 +55,15 @@ class KernelConfig:
             raise ValueError("block_k is one 128-byte swizzle atom (64 elements)")
         if self.stages < MIN_STAGES:
             raise ValueError(f"at least {MIN_STAGES} pipeline stages, got {self.stages}")
+        if self.c_buffers < 1:
+            raise ValueError(f"at least one epilogue staging box, got {self.c_buffers}")
 
     @property
     def tag(self) -> str:
         layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
-        return f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}_{layout}"
+        return (f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}"
+                f"_c{self.c_buffers}_{layout}")
 
 
 class WarpSpecializedSchedule:
@@ -95,15 +106,23 @@ class WarpSpecializedSchedule:
     def stage_bytes(cfg: KernelConfig) -> int:
         return (cfg.block_m + cfg.block_n) * cfg.block_k * ELEM_BYTES
 
-    @staticmethod
-    def epilogue_bytes(cfg: KernelConfig) -> int:
-        return cfg.block_m * cfg.block_n * ELEM_BYTES
+    @classmethod
+    def c_boxes(cls, cfg: KernelConfig) -> int:
+        """Staging boxes of one consumer's whole part of the output tile."""
+        return cls.consumer_rows(cfg) // WGMMA_M * (cfg.block_n // TMA_BOX_ELEMS)
+
+    @classmethod
+    def epilogue_bytes(cls, cfg: KernelConfig) -> int:
+        return cfg.consumers * cfg.c_buffers * C_BOX_BYTES
 
     @classmethod
     def smem_note(cls, cfg: KernelConfig) -> str:
         """How the epilogue's shared memory is laid out (hopmm.explain)."""
-        return ("separate epilogue tile" + (", stores overlap the next tile"
-                                            if cls.overlap_store else ""))
+        whole = cls.c_boxes(cfg)
+        ring = ("the whole tile" if cfg.c_buffers == whole
+                else f"a ring of {cfg.c_buffers} of its {whole} 64x64 boxes")
+        return (f"separate epilogue staging, {ring} per consumer"
+                + (", stores overlap the next tile" if cls.overlap_store else ""))
 
     @classmethod
     def smem_bytes(cls, cfg: KernelConfig) -> int:
@@ -115,6 +134,16 @@ class WarpSpecializedSchedule:
         fixed = cls.epilogue_bytes(cfg) + SMEM_ALIGN
         per_stage = cls.stage_bytes(cfg) + 2 * MBARRIER_BYTES
         return (smem_limit - fixed) // per_stage
+
+    @classmethod
+    def check(cls, cfg: KernelConfig) -> None:
+        """ValueError for a config this schedule cannot render."""
+        if cfg.block_n not in cls.block_ns:
+            raise ValueError(f"{cls.name}: block_n must be one of {cls.block_ns}, got "
+                             f"{cfg.block_n}")
+        if cfg.c_buffers > cls.c_boxes(cfg):
+            raise ValueError(f"{cls.name}: at most {cls.c_boxes(cfg)} epilogue staging boxes "
+                             f"per consumer (its part of the tile), got {cfg.c_buffers}")
 
     @staticmethod
     def box_rows(cfg: KernelConfig) -> tuple[int, int]:
@@ -156,6 +185,7 @@ class WarpSpecializedSchedule:
 
     @classmethod
     def render(cls, cfg: KernelConfig) -> render.RenderedKernel:
+        cls.check(cfg)
         fields = {
             "kBlockM": cfg.block_m, "kBlockN": cfg.block_n, "kBlockK": cfg.block_k,
             "kStages": cfg.stages, "kConsumers": cfg.consumers,
@@ -163,6 +193,7 @@ class WarpSpecializedSchedule:
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
+            "kCBuffers": cfg.c_buffers,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
         }
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
@@ -173,12 +204,20 @@ class WarpSpecializedSchedule:
     @classmethod
     def deepest(cls, dtype: str, block_n: int, trans_a: bool, trans_b: bool,
                 smem_limit: int) -> KernelConfig | None:
-        """The config with as many stages as fit in `smem_limit`, or None if fewer than
-        MIN_STAGES fit."""
+        """The config with as many stages as fit in `smem_limit` next to an epilogue ring of
+        MIN_C_BUFFERS boxes per consumer, and then the largest ring that still fits (at most
+        the consumer's whole part of the tile); None if fewer than MIN_STAGES fit."""
         probe = KernelConfig(dtype=dtype, block_n=block_n, stages=MIN_STAGES, trans_a=trans_a,
                              trans_b=trans_b)
+        probe = replace(probe, c_buffers=min(MIN_C_BUFFERS, cls.c_boxes(probe)))
         stages = cls.max_stages(probe, smem_limit)
-        return replace(probe, stages=stages) if stages >= MIN_STAGES else None
+        if stages < MIN_STAGES:
+            return None
+        cfg = replace(probe, stages=stages)
+        for c_buffers in range(cls.c_boxes(cfg), cfg.c_buffers, -1):
+            if cls.smem_bytes(replace(cfg, c_buffers=c_buffers)) <= smem_limit:
+                return replace(cfg, c_buffers=c_buffers)
+        return cfg
 
     @classmethod
     def configs(cls, smem_limit: int) -> list[KernelConfig]:
@@ -296,16 +335,11 @@ class PingPongSchedule(PersistentSchedule):
                 f"and turns on the tensor cores (ping-pong)")
 
     @classmethod
-    def epilogue_bytes(cls, cfg: KernelConfig) -> int:
-        """Each consumer stages a whole tile, so its store can overlap the other's main loop."""
-        return cfg.consumers * cls.consumer_rows(cfg) * cfg.block_n * ELEM_BYTES
-
-    @classmethod
-    def render(cls, cfg: KernelConfig) -> render.RenderedKernel:
+    def check(cls, cfg: KernelConfig) -> None:
         if cfg.block_n not in cls.block_ns:
             raise ValueError(f"{cls.name}: block_n must be one of {cls.block_ns} (a consumer "
                              f"holds a whole tile's accumulators), got {cfg.block_n}")
-        return super().render(cfg)
+        super().check(cfg)
 
 
 F32_BYTES = 4
@@ -338,17 +372,18 @@ class SplitKSchedule(WarpSpecializedSchedule):
     def snippets(cls) -> list[str]:
         return super().snippets() + ["split_k_reduce.cuh"]
 
-    @staticmethod
-    def epilogue_bytes(cfg: KernelConfig) -> int:
-        # Per consumer the larger of the 16-bit result tile and the fp32 partial: a consumer
+    @classmethod
+    def epilogue_bytes(cls, cfg: KernelConfig) -> int:
+        # Per consumer the larger of the 16-bit staging ring and the fp32 partial: a consumer
         # stages one or the other (the last split the result, the others their partial), so
         # they share memory and need no barrier between them (TileShape::kCBytesPerConsumer).
-        return max(cfg.block_m * cfg.block_n * ELEM_BYTES, cfg.block_m * cfg.block_n * F32_BYTES)
+        f32_partial = cls.consumer_rows(cfg) * cfg.block_n * F32_BYTES
+        return cfg.consumers * max(cfg.c_buffers * C_BOX_BYTES, f32_partial)
 
     @classmethod
     def smem_note(cls, cfg: KernelConfig) -> str:
         return (f"the fp32 partial ({cfg.block_m}x{cfg.block_n}x{F32_BYTES} B) is staged in the "
-                f"epilogue tile's memory, which the 16-bit result tile of the last split shares; "
+                f"epilogue's memory, which the 16-bit staging of the last split shares; "
                 f"operand stages not reused ({cfg.stages} stages fit beside it)")
 
     @staticmethod

@@ -23,7 +23,7 @@ from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
 from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES
 
-TABLE_NAME = "autotune-v2.json"  # v2: entries carry a split count
+TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
 RASTER_GROUPS = (8, 16, 32)
 # Split counts tried for the split-K schedule (those within its co-residency bound).
 SPLIT_COUNTS = (2, 4, 8, 16)

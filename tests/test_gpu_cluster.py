@@ -6,15 +6,16 @@ multicast slice or a stage reused too early changes bits) and run-to-run repeata
 The general cases run on this schedule through SCHEDULE_NAMES in test_gpu_matmul.py."""
 import pytest
 
+import forced
 from conftest import requires_hopper
+from forced import TOL, operands, rand
 
 pytestmark = requires_hopper
 
-TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 DTYPES = ["bfloat16", "float16"]
 LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]
 LAYOUT_IDS = ["NN", "TN", "NT", "TT"]
-SPARE_ROWS = 128   # rows of NaN below each result slice: a stray store past m lands there
+CLUSTER = "persistent_cluster"
 
 
 @pytest.fixture(autouse=True)
@@ -22,67 +23,17 @@ def _cluster_schedule(monkeypatch):
     import hopmm
 
     monkeypatch.setenv("HOPMM_STRICT", "1")
-    hopmm.use_schedule("persistent_cluster")
+    hopmm.use_schedule(CLUSTER)
     yield
     hopmm.use_schedule(None)
 
 
-def rand(shape, dtype):
-    import cupy
-
-    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
-
-
-def operands(m, n, k, dtype, ta=False, tb=False, batch=()):
-    a = rand(batch + (k, m), dtype).swapaxes(-1, -2) if ta else rand(batch + (m, k), dtype)
-    b = rand(batch + (n, k), dtype).swapaxes(-1, -2) if tb else rand(batch + (k, n), dtype)
-    return a, b
-
-
-def run(a, b, block_n, group=16, schedule="persistent_cluster"):
-    """C = A @ B on one forced schedule, tile width and raster group, stored into a
-    NaN-poisoned buffer with spare rows below each slice and padding right of each row.
-    Returns (the result view, the whole buffer)."""
-    import cupy
-
-    from hopmm import api, launch, layout
-    from hopmm.device import query
-    from hopmm.heuristics import Choice
-    from hopmm.schedules import SCHEDULES
-
-    shapes = layout.matmul_shapes(a.shape, b.shape)
-    call = api._kernel_call(a, b, shapes)
-    sched = SCHEDULES[schedule]
-    p = call.problem
-    cfg = sched.deepest(p.dtype, block_n, p.trans_a, p.trans_b,
-                        query(cupy.cuda.Device().id).smem_per_block_optin)
-    choice = Choice(sched, cfg, "test", group)
-    padded = layout.padded(shapes.n, a.itemsize) + layout.TMA_ALIGN
-    buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, padded), cupy.nan, dtype=a.dtype)
-    c3 = buf[:, :shapes.m, :shapes.n]
-    launches = launch.build_launches(choice, p, call.a3, call.a_map, call.b3, call.b_map, c3)
-    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
-    cupy.cuda.get_current_stream().synchronize()
-    return c3, buf
+def run(a, b, block_n, group=16, schedule=CLUSTER):
+    return forced.run(a, b, schedule, block_n, group)
 
 
 def check(a, b, block_n, dtype, group=16):
-    import cupy
-
-    c3, buf = run(a, b, block_n, group)
-    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
-    ref = ref.reshape(c3.shape)
-    got = c3.astype(cupy.float32)
-    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) output elements"
-    err = float(cupy.linalg.norm(got - ref)) / max(float(cupy.linalg.norm(ref)), 1e-30)
-    assert err < TOL[dtype]
-    from hopmm.layout import padded
-
-    m, n = c3.shape[1:]
-    assert bool(cupy.isnan(buf[:, m:, :]).all()), "wrote below the last row of a slice"
-    # (TMA stores whole 16-byte chunks: the columns up to the next 16 bytes may be written)
-    assert bool(cupy.isnan(buf[:, :, padded(n, c3.itemsize):]).all()), "wrote right of the rows"
-    return c3
+    return forced.check(a, b, CLUSTER, block_n, dtype, group)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

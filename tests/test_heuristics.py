@@ -43,10 +43,15 @@ def test_layout_sets_transpose_bits():
 
 def test_less_shared_memory_means_shallower_or_narrower():
     small = DeviceInfo("small", (9, 0), 132, 160 * 1024)
-    c = choose(4096, 4096, 4096, device=small)   # 128 x 256 ranks first, but does not fit
-    assert c.config.block_n < 256 and "128x256 tile leaves fewer than" in c.reason
+    c = choose(4096, 4096, 4096, device=small)   # 128 x 256 ranks first, but only 2 stages fit
+    assert c.config.block_n < 256 and "128x256 tile leaves only 2 stages" in c.reason
+    assert c.config.stages >= 3
     assert c.schedule.smem_bytes(c.config) <= small.smem_per_block_optin
-    medium = DeviceInfo("medium", (9, 0), 132, 200 * 1024)
+    smaller = DeviceInfo("smaller", (9, 0), 132, 120 * 1024)
+    c = choose(4096, 4096, 4096, device=smaller)  # 128 x 256 does not fit at all
+    assert c.config.block_n < 256 and "128x256 tile leaves fewer than 2" in c.reason
+    assert c.schedule.smem_bytes(c.config) <= smaller.smem_per_block_optin
+    medium = DeviceInfo("medium", (9, 0), 132, 180 * 1024)
     assert choose(8192, 8192, 8192, device=medium).config.stages < choose(8192, 8192, 8192).config.stages
 
 

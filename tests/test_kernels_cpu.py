@@ -1,5 +1,7 @@
 """CPU: every registered schedule x config renders, compiles for sm_90a through NVRTC and
 keeps its resource promises; the cubin cache can never serve a stale kernel."""
+from dataclasses import replace
+
 import pytest
 
 from hopmm import compile as compiler
@@ -68,9 +70,9 @@ def test_pipeline_structure(compiled):
     assert consumer.count("wgmma_commit_group();") == 1
     assert consumer.count("wgmma_wait_group<1>();") == 1
     assert consumer.count("wgmma_wait_group<0>();") == 1
-    epilogue = src[src.index("static void store("):]
+    epilogue = src[src.index("static void store_boxes("):]
     body = epilogue[:epilogue.index("tma_store_3d(")]
-    fence, stage = body.index("fence_proxy_async_smem();"), body.index("stage(acc")
+    fence, stage = body.index("fence_proxy_async_smem();"), body.index("stage_box<BOX>(acc")
     assert stage < fence < body.rindex("named_barrier_sync(")
 
     def indent(i):
@@ -190,3 +192,23 @@ def test_report_is_read_for_the_named_kernel():
     mine = compiler.ResourceReport.parse(log, "mine")
     assert (mine.registers, mine.stack_frame, mine.spill_stores, mine.spill_loads) == (168, 8, 8, 4)
     assert compiler.ResourceReport.parse(log).registers == 4
+
+
+def test_epilogue_ring_leaves_room_for_stages():
+    """128 x 256 tiles stage through a ring of 2 of a consumer's 4 boxes and get a 4th stage
+    (a whole staged tile would leave 3); where the whole tile fits beside the deepest ring the
+    ring is the whole tile; no config stages more boxes than its tile has."""
+    from hopmm.schedules import MIN_C_BUFFERS, PersistentSchedule
+
+    smem = H100_SXM.smem_per_block_optin
+    wide = PersistentSchedule.deepest("bfloat16", 256, False, True, smem)
+    assert (wide.stages, wide.c_buffers, PersistentSchedule.c_boxes(wide)) == (4, 2, 4)
+    whole = replace(wide, stages=3, c_buffers=4)
+    assert PersistentSchedule.smem_bytes(whole) <= smem < PersistentSchedule.smem_bytes(
+        replace(whole, stages=4))
+    mid = PersistentSchedule.deepest("bfloat16", 192, False, True, smem)
+    assert (mid.stages, mid.c_buffers) == (4, PersistentSchedule.c_boxes(mid))
+    for sched, cfg in CASES:
+        assert MIN_C_BUFFERS <= cfg.c_buffers <= sched.c_boxes(cfg), sched.kernel_name(cfg)
+        with pytest.raises(ValueError, match="staging boxes"):
+            sched.render(replace(cfg, c_buffers=sched.c_boxes(cfg) + 1))

@@ -11,8 +11,8 @@ from hopmm import compile as compiler
 from hopmm import heuristics, sass, tuning
 from hopmm.device import H100_SXM
 from hopmm.problem import Problem
-from hopmm.schedules import (ELEM_BYTES, MBARRIER_BYTES, SMEM_ALIGN, KernelConfig,
-                             PersistentSchedule, PingPongSchedule)
+from hopmm.schedules import (C_BOX_BYTES, ELEM_BYTES, MBARRIER_BYTES, MIN_C_BUFFERS,
+                             SMEM_ALIGN, KernelConfig, PersistentSchedule, PingPongSchedule)
 
 SMEM = H100_SXM.smem_per_block_optin
 CONFIGS = PingPongSchedule.configs(SMEM)
@@ -33,17 +33,19 @@ def test_every_dtype_and_layout_has_a_128_wide_config():
     assert all(c.block_m == 128 and c.block_n == 128 and c.consumers == 2 for c in CONFIGS)
 
 
-def test_each_consumer_stages_a_whole_tile():
+def test_each_consumer_stages_through_a_ring_of_boxes():
+    """A consumer's 128 x 128 tile is 4 staging boxes of 64 x 64; it stores them through a
+    ring of 2, which leaves room for as many stages as the persistent 128 x 128 kernel."""
     cfg = CONFIGS[0]
-    tile = cfg.block_m * cfg.block_n * ELEM_BYTES
-    assert PingPongSchedule.epilogue_bytes(cfg) == 2 * tile
+    assert PingPongSchedule.c_boxes(cfg) == 4 and cfg.c_buffers == MIN_C_BUFFERS == 2
+    assert PingPongSchedule.epilogue_bytes(cfg) == 2 * cfg.c_buffers * C_BOX_BYTES
     stage = (cfg.block_m + cfg.block_n) * cfg.block_k * ELEM_BYTES
     assert PingPongSchedule.smem_bytes(cfg) == (cfg.stages * (stage + 2 * MBARRIER_BYTES)
-                                                + 2 * tile + SMEM_ALIGN) <= SMEM
-    # One stage fewer than the persistent 128 x 128 kernel: 32 KiB more of staging.
+                                                + 2 * 2 * C_BOX_BYTES + SMEM_ALIGN) <= SMEM
     assert cfg.stages == PersistentSchedule.deepest(cfg.dtype, 128, cfg.trans_a, cfg.trans_b,
-                                                    SMEM).stages - 1
+                                                    SMEM).stages
     assert PingPongSchedule.max_stages(cfg, SMEM) == cfg.stages
+    assert "a ring of 2 of its 4 64x64 boxes" in PingPongSchedule.smem_note(cfg)
 
 
 def test_rendered_config_says_who_owns_which_rows():

@@ -1,11 +1,16 @@
-// Slot `epilogue`: accumulators -> 16-bit -> stmatrix into a 128B-swizzled staging tile ->
+// Slot `epilogue`: accumulators -> 16-bit -> stmatrix into 128B-swizzled staging boxes ->
 // TMA store. Each consumer warpgroup stores its own rows (64 of a shared tile, or a whole
-// tile of its own) from its own staging tile, synchronising only its 128 threads on its own
-// named barrier.
+// tile of its own) box by box (64 rows x 64 columns) through a ring of kCBuffers staging
+// boxes of its own, synchronising only its 128 threads on its own named barrier.
 //
-// Seed 004: the fence.proxy.async that hands the staged tile from the generic proxy
-// (stmatrix) to the async proxy (TMA) is executed by every writing thread, unconditionally,
-// before the barrier; only the store itself is issued by one thread.
+// The ring is what lets the epilogue stay small (seed 002): two boxes per consumer leave
+// room for one more operand stage of a 128 x 256 tile than a whole staged tile would, and the
+// store of one box overlaps the staging of the next. A box is rewritten only after the store
+// that read it has finished reading (bulk wait_group.read).
+//
+// Seed 004: the fence.proxy.async that hands a staged box from the generic proxy (stmatrix)
+// to the async proxy (TMA) is executed by every writing thread, unconditionally, before the
+// barrier; only the store itself is issued by one thread.
 #pragma once
 #include "tile_config.cuh"
 
@@ -14,69 +19,83 @@ namespace hopmm {
 template <class Cfg>
 struct TmaStoreEpilogue {
     typedef TileShape<Cfg> S;
-    static constexpr int kColGroups = S::kBlockN / 8;  // 8-column groups of the accumulator
+    static constexpr int kBoxesPerRowBlock = S::kBlockN / kTmaBoxElems;
+    static constexpr int kGroupsPerBox = kTmaBoxElems / 8;  // 8-column groups of the accumulator
 
     __device__ __forceinline__ static u32 pack(float lo, float hi) {
         return Cfg::kBf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
     }
 
-    // Writes the warpgroup's 64 x kBlockN accumulator tile to shared memory in the layout of a
-    // SWIZZLE_128B box of 64 columns x 64 rows, box after box along N. Accumulator register i
-    // of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2), column 8*(i/4) + 2*(t%4) + i%2,
-    // so registers (4j, 4j+1) and (4j+2, 4j+3) are the stmatrix fragments of the 8x8 blocks
-    // (rows 0-7, group j) and (rows 8-15, group j) of the warp's 16-row slice.
-    template <int NREG>
-    __device__ __forceinline__ static void stage(const float (&acc)[NREG], u32 tile, int thread) {
+    // Writes columns 64 * BOX ... 64 * BOX + 63 of the warpgroup's 64-row accumulator block to
+    // the staging box at `box_addr`, in the layout of a SWIZZLE_128B box of 64 columns x 64
+    // rows. Accumulator register i of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2),
+    // column 8*(i/4) + 2*(t%4) + i%2, so registers (4j, 4j+1) and (4j+2, 4j+3) are the
+    // stmatrix fragments of the 8x8 blocks (rows 0-7, group j) and (rows 8-15, group j) of the
+    // warp's 16-row slice.
+    template <int BOX, int NREG>
+    __device__ __forceinline__ static void stage_box(const float (&acc)[NREG], u32 box_addr,
+                                                     int thread) {
         const int warp = thread / 32, lane = thread % 32;
         const int matrix = lane / 8;  // which of the four 8x8 blocks this lane addresses
         const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
+        const int chunk_of_pair = matrix / 2;  // the lane's group of the pair (j, j + 1)
 #pragma unroll
-        for (int j = 0; j < kColGroups; j += 2) {
-            const int group = j + matrix / 2;
-            const int box = group / 8, chunk = group % 8;
-            const u32 addr = tile + box * S::kCBoxBytes + row * kSwizzleBytes +
-                             ((chunk ^ (row % 8)) * 16);
+        for (int g = 0; g < kGroupsPerBox; g += 2) {
+            const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
+            const int chunk = g + chunk_of_pair;    // 16-byte chunk of the box row
+            const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
             stmatrix_x4(addr, pack(acc[4 * j], acc[4 * j + 1]), pack(acc[4 * j + 2], acc[4 * j + 3]),
                         pack(acc[4 * j + 4], acc[4 * j + 5]), pack(acc[4 * j + 6], acc[4 * j + 7]));
         }
     }
 
-    // All of a consumer's 64-row blocks, each staged as above, one block after the other.
-    template <int ROW_BLOCKS, int NREG>
-    __device__ __forceinline__ static void stage(const float (&acc)[ROW_BLOCKS][NREG], u32 tile,
-                                                 int thread) {
-#pragma unroll
-        for (int r = 0; r < ROW_BLOCKS; ++r) stage(acc[r], tile + r * S::kCRowBlockBytes, thread);
+    // Box BOX of row block R and every later one, each through the next staging box of the
+    // ring (the I-th box of the tile goes through staging box I % kCBuffers).
+    template <int R, int BOX, int ROW_BLOCKS, int NREG>
+    __device__ __forceinline__ static void store_boxes(const float (&acc)[ROW_BLOCKS][NREG],
+                                                       const TensorMap* map_c,
+                                                       const SharedStorage<Cfg>& smem,
+                                                       int consumer, int thread, int row0,
+                                                       int n0, int z) {
+        if constexpr (R < ROW_BLOCKS) {
+            constexpr int kIndex = R * kBoxesPerRowBlock + BOX;
+            constexpr int kBuffer = kIndex % S::kCBuffers;
+            const u32 barrier = kBarrierEpilogueBase + consumer;
+            if constexpr (kIndex >= S::kCBuffers) {
+                // The store kCBuffers boxes back read this staging box: it must be done reading.
+                if (thread == 0) bulk_wait_group_read<S::kCBuffers - 1>();
+                named_barrier_sync(barrier, kWarpgroupThreads);
+            }
+            unsigned char* box = smem.c_buffer(consumer, kBuffer);
+            stage_box<BOX>(acc[R], smem_addr(box), thread);
+            fence_proxy_async_smem();
+            named_barrier_sync(barrier, kWarpgroupThreads);
+            if (thread == 0) {
+                tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
+                bulk_commit_group();
+            }
+            constexpr bool kLastOfRow = BOX + 1 == kBoxesPerRowBlock;
+            store_boxes<kLastOfRow ? R + 1 : R, kLastOfRow ? 0 : BOX + 1>(
+                acc, map_c, smem, consumer, thread, row0, n0, z);
+        }
     }
 
-    // The store is left in flight (finish() waits for it). With Cfg::kOverlapStore (persistent
-    // kernels) the next tile's main loop runs meanwhile, and before the staging tile is written
-    // again the previous store must have finished reading it.
+    // The stores are left in flight (finish() waits for them). With Cfg::kOverlapStore
+    // (persistent kernels) the next tile's main loop runs meanwhile; the previous tile's stores
+    // had that whole main loop to finish reading the staging boxes, so the wait for them at
+    // the start of this epilogue costs nothing in the steady state.
     template <int ROW_BLOCKS, int NREG>
     __device__ __forceinline__ static void store(const float (&acc)[ROW_BLOCKS][NREG],
                                                  const TensorMap* map_c,
                                                  const SharedStorage<Cfg>& smem, int consumer,
                                                  int thread, int row0, int n0, int z) {
-        const u32 barrier = kBarrierEpilogueBase + consumer;
+        static_assert(ROW_BLOCKS * kBoxesPerRowBlock >= S::kCBuffers,
+                      "no more staging boxes than the consumer's part of the tile has");
         if (Cfg::kOverlapStore) {
-            if (thread == 0) bulk_wait_group_read_0();
-            named_barrier_sync(barrier, kWarpgroupThreads);
+            if (thread == 0) bulk_wait_group_read<0>();
+            named_barrier_sync(kBarrierEpilogueBase + consumer, kWarpgroupThreads);
         }
-        const u32 tile = smem_addr(smem.c_tile(consumer));
-        stage(acc, tile, thread);
-        fence_proxy_async_smem();
-        named_barrier_sync(barrier, kWarpgroupThreads);
-        if (thread == 0) {
-#pragma unroll
-            for (int r = 0; r < ROW_BLOCKS; ++r) {
-                const unsigned char* block = smem.c_tile(consumer) + r * S::kCRowBlockBytes;
-#pragma unroll
-                for (int box = 0; box < S::kBlockN / kTmaBoxElems; ++box)
-                    tma_store_3d(map_c, block + box * S::kCBoxBytes, n0 + box * kTmaBoxElems,
-                                 row0 + r * S::kWgmmaM, z);
-            }
-            bulk_commit_group();
-        }
+        store_boxes<0, 0>(acc, map_c, smem, consumer, thread, row0, n0, z);
     }
 
     // Before the CTA exits: shared memory must stay valid until the last store has read it,

@@ -88,9 +88,11 @@ __device__ __forceinline__ void bulk_wait_group_0() {
     asm volatile("cp.async.bulk.wait_group 0;" ::: "memory");
 }
 
-// Waits until all of this thread's bulk groups have finished reading shared memory.
-__device__ __forceinline__ void bulk_wait_group_read_0() {
-    asm volatile("cp.async.bulk.wait_group.read 0;" ::: "memory");
+// Waits until at most PENDING of this thread's most recent bulk groups have not finished
+// reading shared memory (older groups have: their source buffers may be rewritten).
+template <int PENDING>
+__device__ __forceinline__ void bulk_wait_group_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(PENDING) : "memory");
 }
 
 // ---- fences and barriers -----------------------------------------------------------------

@@ -65,11 +65,14 @@ struct TileShape {
     static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
     static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
     static constexpr u32 kStageBytes = kABytes + kBBytes;
-    // Epilogue staging: per consumer and 64-row block, kBlockN / 64 boxes of 64 rows x 128
-    // bytes.
+    // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
+    // rows x 128 bytes, between 1 and the consumer's whole part of the tile (kCBoxesPerConsumer).
     static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;
-    static constexpr u32 kCRowBlockBytes = (kBlockN / kTmaBoxElems) * kCBoxBytes;
-    static constexpr u32 kC16BytesPerConsumer = kRowBlocks * kCRowBlockBytes;
+    static constexpr int kCBoxesPerConsumer = kRowBlocks * (kBlockN / kTmaBoxElems);
+    static constexpr int kCBuffers = Cfg::kCBuffers;
+    static_assert(kCBuffers >= 1 && kCBuffers <= kCBoxesPerConsumer,
+                  "a staging ring of at least one box and at most the consumer's tile");
+    static constexpr u32 kC16BytesPerConsumer = kCBuffers * kCBoxBytes;
     // Split-K (Cfg::kSplitK) stages an fp32 partial in the same place: kBlockN / 32 boxes of
     // 64 rows x 32 floats (128 bytes, one swizzle row). A consumer either stages the partial
     // (splits before the last) or the 16-bit result (the last split), never both, so the two
@@ -107,8 +110,12 @@ struct SharedStorage {
 
     __device__ __forceinline__ unsigned char* a_tile(int s) const { return base + S::kAOffset + s * S::kABytes; }
     __device__ __forceinline__ unsigned char* b_tile(int s) const { return base + S::kBOffset + s * S::kBBytes; }
+    // A consumer's epilogue memory: its staging ring (or split-K's fp32 partial).
     __device__ __forceinline__ unsigned char* c_tile(int consumer) const {
         return base + S::kCOffset + consumer * S::kCBytesPerConsumer;
+    }
+    __device__ __forceinline__ unsigned char* c_buffer(int consumer, int i) const {
+        return c_tile(consumer) + i * S::kCBoxBytes;
     }
     __device__ __forceinline__ u64* full_bar(int s) const {
         return reinterpret_cast<u64*>(base + S::kBarrierOffset) + s;

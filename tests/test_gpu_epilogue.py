@@ -1,0 +1,31 @@
+"""GPU tier: the epilogue's staging ring (epilogue_tma_store.cuh) on every schedule and tile
+width. Where the ring is shorter than a consumer's part of the tile (128 x 256 tiles, ping-pong
+tiles) a staging box is rewritten within one epilogue, and in the persistent kernels across
+tiles while the previous tile's stores may still be reading it: shapes with several tiles per
+CTA, edges that are not multiples of the tile, every layout."""
+import pytest
+
+from conftest import requires_hopper
+from forced import check, operands
+
+pytestmark = requires_hopper
+
+LAYOUTS = {"NN": (False, False), "TN": (True, False), "NT": (False, True), "TT": (True, True)}
+
+
+def _cases():
+    from hopmm.schedules import SCHEDULES
+
+    return [(name, width) for name, sched in SCHEDULES.items() if not sched.split_k
+            for width in sched.block_ns]
+
+
+@pytest.mark.parametrize("schedule,block_n", _cases(), ids=lambda x: str(x))
+@pytest.mark.parametrize("layout,dtype", [(lay, "bfloat16") for lay in LAYOUTS]
+                         + [("NN", "float16")])
+@pytest.mark.parametrize("m,n,k", [(2000, 3000, 200),   # 192-384 tiles: several per CTA
+                                   (300, 700, 4097),    # one wave, long k
+                                   (65, 1000, 64)])     # one M tile, partial rows
+def test_staging_ring(m, n, k, layout, dtype, schedule, block_n):
+    check(*operands(m, n, k, dtype, *LAYOUTS[layout]), schedule, block_n, dtype)
+
