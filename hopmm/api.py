@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 
 from . import device as device_mod
 from . import fastpath, heuristics, launch, layout, tuning
-from .problem import KERNEL_DTYPES, Problem
+from .problem import KERNEL_DTYPES, LINE_BYTES, Problem
 
 STRICT_ENV = "HOPMM_STRICT"
 SCHEDULE_ENV = "HOPMM_SCHEDULE"
@@ -183,9 +183,12 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     b3, b_map = _operand3d(_as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
     a3, a_axis = launch.prepare_operand(a3)
     b3, b_axis = launch.prepare_operand(b3)
+    # B's lines run along its contiguous axis; its pitch is the stride of the other one.
+    b_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
     problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
                       dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
-                      b_major="n" if b_axis == "cols" else "k")
+                      b_major="n" if b_axis == "cols" else "k",
+                      b_pitch_aligned=b_pitch % LINE_BYTES == 0)
     dev = device_mod.query(a.device.id)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.

@@ -8,7 +8,8 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig, PersistentSchedule,
+from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig,
+                        PersistentClusterSchedule, PersistentSchedule,
                         SplitKSchedule)
 
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
@@ -51,6 +52,14 @@ class Choice:
 # 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both filled the SMs equally; 192
 # (4 stages against 3) ran level with 256 or up to 2 % ahead.
 TILE_WIDTH_SPEED = {256: 1.0, 192: 1.0, 128: 0.90}
+# N-major B whose rows are not multiples of 128 bytes (Problem.b_pitch_aligned): each 128-byte
+# TMA box row then spans two cache lines. Measured on an H100 (bench/NOTES.md v0.6, bf16
+# TFLOP/s): the unclustered kernels lose about a quarter of their speed to it (3008 x 3000 x
+# 3008: 498 against 646 with aligned rows; unaligned A rows cost 3 %, unaligned C rows
+# nothing). Clusters of two CTAs each load half of every B tile and multicast it: 3000³ ran at
+# 480 on 128 x 256 tiles against 420 (persistent 128 x 192) and 424 (cluster 128 x 128).
+UNALIGNED_B_SCHEDULE = PersistentClusterSchedule
+
 # Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
 # of an L2 round trip): such a width is taken only where no width gets this many.
 FAST_STAGES = 3
@@ -60,10 +69,25 @@ def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
     return -(-problem.m // block_m) * -(-problem.n // block_n) * problem.batch
 
 
-def _relative_time(problem: Problem, device: DeviceInfo, block_n: int) -> float:
+def _workers(sched, device: DeviceInfo) -> tuple[int, str]:
+    """What takes one (group of cluster_size) tile(s) at a time: SMs, or clusters of them."""
+    if sched.cluster_size == 1:
+        return device.sm_count, "SMs"
+    return device.sm_count // sched.cluster_size, f"clusters of {sched.cluster_size}"
+
+
+def _tile_groups(sched, problem: Problem, block_n: int) -> int:
+    """Units of work: tiles, or groups of cluster_size vertically adjacent tiles."""
+    tiles_m = -(-problem.m // BLOCK_M)
+    tiles_n = -(-problem.n // block_n)
+    return -(-tiles_m // sched.cluster_size) * tiles_n * problem.batch
+
+
+def _relative_time(sched, problem: Problem, device: DeviceInfo, block_n: int) -> float:
     """Waves of tiles (the last one counts whole: its idle SMs still cost time) x the time of
-    one tile of this width."""
-    waves = -(-_tiles(problem, BLOCK_M, block_n) // device.sm_count)
+    one tile of this width. A cluster takes cluster_size vertically adjacent tiles at once."""
+    workers, _ = _workers(sched, device)
+    waves = -(-_tile_groups(sched, problem, block_n) // workers)
     return waves * block_n / TILE_WIDTH_SPEED[block_n]
 
 
@@ -125,32 +149,52 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         if schedule is not None:
             raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared "
                                f"memory per block is too little for split-K's 128x128 tile")
+    group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
+    if schedule is None and problem.trans_b and not problem.b_pitch_aligned:
+        picked = _widest_fastest(UNALIGNED_B_SCHEDULE, problem, device)
+        if picked is not None and picked[0].stages >= FAST_STAGES:
+            cfg, why = picked
+            why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
+                   f"spans two cache lines: clusters of {UNALIGNED_B_SCHEDULE.cluster_size} CTAs "
+                   f"share each B tile and load it once; {why}")
+            return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
+                          group)
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
     # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    # Widest first, so that a tie goes to the tile that reads less per flop.
+    picked = _widest_fastest(sched, problem, device)
+    if picked is None:
+        raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
+                           f"per block is too little for any {BLOCK_M}-row tile")
+    cfg, why = picked
+    return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
+
+
+def _widest_fastest(sched, problem: Problem, device: DeviceInfo):
+    """(config, why) of the tile width of `sched` with the fewest tile-times, widest first on
+    a tie, among those with at least FAST_STAGES stages where any has; None if no width fits."""
     widths = sorted((w for w in sched.block_ns if w in TILE_WIDTH_SPEED), reverse=True)
     configs = {w: sched.deepest(problem.dtype, w, problem.trans_a, problem.trans_b,
                                 device.smem_per_block_optin) for w in widths}
-    if all(cfg is None for cfg in configs.values()):
-        raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
-                           f"per block is too little for any {BLOCK_M}-row tile")
-    # A width whose pipeline is shallower than FAST_STAGES only where no width has one that deep.
-    ranked = sorted((w for w in widths if configs[w] is not None),
-                    key=lambda w: (configs[w].stages < FAST_STAGES,
-                                   _relative_time(problem, device, w)))
+    fits = [w for w in widths if configs[w] is not None]
+    if not fits:
+        return None
+    ranked = sorted(fits, key=lambda w: (configs[w].stages < FAST_STAGES,
+                                         _relative_time(sched, problem, device, w)))
     cfg = configs[ranked[0]]
     why = "".join(f"a {BLOCK_M}x{w} tile leaves fewer than {MIN_STAGES} stages; "
                   for w in widths if configs[w] is None)
     why += "".join(f"a {BLOCK_M}x{w} tile leaves only {configs[w].stages} stages; "
-                   for w in widths if configs[w] is not None and configs[w].stages < FAST_STAGES
-                   and cfg.stages >= FAST_STAGES)
+                   for w in fits if configs[w].stages < FAST_STAGES <= cfg.stages)
+    workers, units = _workers(sched, device)
     tiles = _tiles(problem, BLOCK_M, cfg.block_n)
-    waves = tiles / device.sm_count
-    why += (f"{tiles} tiles of {BLOCK_M}x{cfg.block_n} = {waves:.2f} waves of {device.sm_count} "
-            + (f"SMs (the fewest tile-times of widths {'/'.join(map(str, widths))})"
-               if len(widths) > 1 else f"SMs (the only tile width of the {sched.name} schedule)"))
-    group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
-    return Choice(sched, cfg, f"{why}; {cfg.stages} stages fit in "
-                              f"{device.smem_per_block_optin} B of shared memory; tiles in "
-                              f"groups of {group} M-tiles", group)
+    waves = _tile_groups(sched, problem, cfg.block_n) / workers
+    why += (f"{tiles} tiles of {BLOCK_M}x{cfg.block_n} = {waves:.2f} waves of {workers} {units} "
+            + (f"(the fewest tile-times of widths {'/'.join(map(str, widths))})"
+               if len(widths) > 1 else f"(the only tile width of the {sched.name} schedule)"))
+    return cfg, why
+
+
+def _with_memory_plan(why: str, cfg: KernelConfig, device: DeviceInfo, group: int) -> str:
+    return (f"{why}; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared "
+            f"memory; tiles in groups of {group} M-tiles")

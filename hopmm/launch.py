@@ -9,7 +9,7 @@ from . import layout, tma, workspace
 from .heuristics import Choice
 from .device import query
 from .layout import BatchMapping
-from .problem import Problem
+from .problem import LINE_BYTES, Problem
 from .schedules import F32_BYTES, TMA_BOX_ELEMS, WORKSPACE_BOX
 
 
@@ -42,7 +42,9 @@ def prepare_operand(x3):
     batch_ok = nb == 1 or (sb > 0 and sb % layout.TMA_ALIGN == 0)
     if major is not None and batch_ok:
         return x3, major
-    buf = cupy.empty((nb, rows, layout.padded(cols, x3.itemsize)), dtype=x3.dtype)[:, :, :cols]
+    # Rows of whole cache lines: a TMA box row then never spans two (heuristics.UNALIGNED_B_*).
+    pitch = layout.padded(cols, x3.itemsize, LINE_BYTES)
+    buf = cupy.empty((nb, rows, pitch), dtype=x3.dtype)[:, :, :cols]
     buf[...] = x3
     return buf, "cols"
 

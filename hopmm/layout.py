@@ -113,9 +113,10 @@ def store_ok(shape2: tuple, strides2: tuple, itemsize: int, address: int) -> boo
             and (cols * itemsize) % TMA_ALIGN == 0)
 
 
-def padded(cols: int, itemsize: int) -> int:
-    """Columns of a row whose byte length is rounded up to the TMA alignment."""
-    per = TMA_ALIGN // itemsize
+def padded(cols: int, itemsize: int, align: int = TMA_ALIGN) -> int:
+    """Columns of a row whose byte length is rounded up to `align` bytes (by default the TMA
+    alignment)."""
+    per = align // itemsize
     return -(-cols // per) * per
 
 

@@ -5,6 +5,9 @@ from dataclasses import dataclass
 
 # Operand element types that hopmm's Hopper kernels cover, by NumPy dtype name.
 KERNEL_DTYPES = ("float16", "bfloat16")
+# A TMA box row is 128 bytes: it falls on one cache line only where the operand's lines start
+# on 128-byte boundaries.
+LINE_BYTES = 128
 
 
 @dataclass(frozen=True)
@@ -13,6 +16,9 @@ class Problem:
 
     `a_major` is the dimension of A that is contiguous in memory ("k": row-major A, "m": A is a
     transposed view); likewise `b_major` ("n": row-major B, "k": B is a transposed view).
+    `b_pitch_aligned`: the bytes between B's consecutive contiguous lines are a multiple of
+    LINE_BYTES (see heuristics: N-major B rows that are not cost the unclustered kernels
+    about a quarter of their speed).
     """
 
     m: int
@@ -22,6 +28,7 @@ class Problem:
     dtype: str
     a_major: str = "k"
     b_major: str = "n"
+    b_pitch_aligned: bool = True
 
     def __post_init__(self):
         for name in ("m", "n", "k", "batch"):
@@ -34,6 +41,9 @@ class Problem:
             raise ValueError(f"Problem.a_major must be 'k' or 'm', got {self.a_major!r}")
         if self.b_major not in ("k", "n"):
             raise ValueError(f"Problem.b_major must be 'k' or 'n', got {self.b_major!r}")
+        if not isinstance(self.b_pitch_aligned, bool):
+            raise ValueError(f"Problem.b_pitch_aligned must be a bool, got "
+                             f"{self.b_pitch_aligned!r}")
 
     @property
     def flops(self) -> int:

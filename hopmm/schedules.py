@@ -86,6 +86,8 @@ class WarpSpecializedSchedule:
     block_ns = (128, 192, 256)
     # CTAs per thread-block cluster (1: no cluster).
     cluster_size = 1
+    # The most operand stages worth having (None: as many as fit).
+    stage_cap = None
     # Whether the k-blocks of a tile are divided among CTAs (grid y) and reduced in order.
     split_k = False
     # Kernel parameters after the three operand maps (kernel_entry.cu.in) and the arguments the
@@ -205,12 +207,15 @@ class WarpSpecializedSchedule:
     def deepest(cls, dtype: str, block_n: int, trans_a: bool, trans_b: bool,
                 smem_limit: int) -> KernelConfig | None:
         """The config with as many stages as fit in `smem_limit` next to an epilogue ring of
-        MIN_C_BUFFERS boxes per consumer, and then the largest ring that still fits (at most
-        the consumer's whole part of the tile); None if fewer than MIN_STAGES fit."""
+        MIN_C_BUFFERS boxes per consumer (at most stage_cap), and then the largest ring that
+        still fits (at most the consumer's whole part of the tile); None if fewer than
+        MIN_STAGES fit."""
         probe = KernelConfig(dtype=dtype, block_n=block_n, stages=MIN_STAGES, trans_a=trans_a,
                              trans_b=trans_b)
         probe = replace(probe, c_buffers=min(MIN_C_BUFFERS, cls.c_boxes(probe)))
         stages = cls.max_stages(probe, smem_limit)
+        if cls.stage_cap is not None:
+            stages = min(stages, cls.stage_cap)
         if stages < MIN_STAGES:
             return None
         cfg = replace(probe, stages=stages)
@@ -262,9 +267,9 @@ class PersistentClusterSchedule(PersistentSchedule):
     name = "persistent_cluster"
     skeleton = "kernel_persistent_cluster.cuh"
     cluster_size = CLUSTER_PAIR
-    # Each CTA multicasts block_n / 2 columns of B, a whole number of 64-wide N-major boxes
-    # only for these widths.
-    block_ns = (128, 256)
+    # N-major B: the CTAs deal the tile's 64-wide boxes out round-robin (192: two and one);
+    # K-major B: each loads block_n / 2 rows, whole 8-row swizzle atoms for every width.
+    block_ns = (128, 192, 256)
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_cluster_gemm",
                  PRODUCER="hopmm::MulticastTmaProducer",
                  KERNEL_ATTRIBUTES=f"__cluster_dims__({CLUSTER_PAIR}, 1, 1) ")
@@ -275,7 +280,7 @@ class PersistentClusterSchedule(PersistentSchedule):
 
     @classmethod
     def box_rows(cls, cfg: KernelConfig) -> tuple[int, int]:
-        """Each CTA loads one 1/cluster_size slice of the shared B tile."""
+        """A K-major B box is one CTA's 1/cluster_size slice of the shared B tile."""
         return cfg.block_m, cfg.block_n // cls.cluster_size
 
     @classmethod
@@ -324,6 +329,9 @@ class PingPongSchedule(PersistentSchedule):
     # A whole tile's fp32 accumulators in one warpgroup: 128 registers per thread at 128 x 128;
     # 128 x 256 would need 256, more than setmaxnreg gives a consumer (232).
     block_ns = (128,)
+    # 6 stages (which fit beside a ring of 2 staging boxes) ran 7-10 % slower than 5 on 8192³,
+    # 4096³ and 8192 x 8192 x 1024 (H100, bench/NOTES.md v0.6).
+    stage_cap = 5
 
     @staticmethod
     def consumer_rows(cfg: KernelConfig) -> int:

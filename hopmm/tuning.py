@@ -46,7 +46,8 @@ def table_path() -> Path:
 
 def problem_key(problem: Problem, device: DeviceInfo) -> str:
     return (f"{device.name}|sm{device.sm_count}|{problem.dtype}|{problem.layout}|"
-            f"{problem.m}x{problem.n}x{problem.k}|b{problem.batch}")
+            f"{problem.m}x{problem.n}x{problem.k}|b{problem.batch}"
+            + ("" if problem.b_pitch_aligned else "|b-pitch-unaligned"))
 
 
 def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choice:

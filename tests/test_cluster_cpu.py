@@ -23,7 +23,7 @@ CONFIGS = Cluster.configs(H100_SXM.smem_per_block_optin)
 def test_every_dtype_layout_and_width_is_registered():
     assert SCHEDULES["persistent_cluster"] is Cluster
     got = {(c.dtype, c.block_n, c.trans_a, c.trans_b) for c in CONFIGS}
-    assert got == set(itertools.product(("float16", "bfloat16"), (128, 256), (False, True),
+    assert got == set(itertools.product(("float16", "bfloat16"), (128, 192, 256), (False, True),
                                         (False, True)))
 
 
@@ -74,8 +74,10 @@ def test_shared_operand_box_is_a_slice_of_the_tile():
     for cfg in CONFIGS:
         assert Cluster.box_rows(cfg) == (cfg.block_m, cfg.block_n // CLUSTER_PAIR)
         assert PersistentSchedule.box_rows(cfg) == (cfg.block_m, cfg.block_n)
-        # the producer's static_asserts: whole 64-row boxes, 1024-byte aligned slices
-        assert (cfg.block_n // CLUSTER_PAIR) % TMA_BOX_ELEMS == 0
+        # the producer's static_asserts: K-major slices of whole 8-row (1024-byte) swizzle
+        # atoms; N-major: at least one 64-wide box per CTA
+        assert (cfg.block_n // CLUSTER_PAIR) % 8 == 0
+        assert cfg.block_n // TMA_BOX_ELEMS >= CLUSTER_PAIR
 
 
 @pytest.mark.parametrize("m,n,batch,sm_count,expected", [
@@ -124,10 +126,15 @@ def test_heuristic_default_stays_persistent_and_cluster_is_selectable():
     p = Problem(8192, 8192, 8192, 1, "bfloat16", "k", "n")
     assert heuristics.choose(p, H100_SXM).schedule is PersistentSchedule
     c = heuristics.choose(p, H100_SXM, "persistent_cluster")
-    assert c.schedule is Cluster and c.config.block_n == 256
+    # 32 x 43 pairs of 128 x 192 tiles = 20.8 waves of 66 clusters (21 tile-times of 192)
+    # against 32 x 32 pairs of 128 x 256 = 15.5 waves (16 of 256)
+    assert c.schedule is Cluster and c.config.block_n == 192
+    assert "20.85 waves of 66 clusters of 2" in c.reason
     assert c.schedule.grid(p, c.config, 1, H100_SXM.sm_count) == (H100_SXM.sm_count, 1, 1)
-    small = DeviceInfo("small", (9, 0), 132, 160 * 1024)
-    assert heuristics.choose(p, small, "persistent_cluster").config.block_n == 128
+    small = DeviceInfo("small", (9, 0), 132, 160 * 1024)   # 3 stages of 192, 2 of 256
+    assert heuristics.choose(p, small, "persistent_cluster").config.block_n == 192
+    smaller = DeviceInfo("smaller", (9, 0), 132, 110 * 1024)  # 192 does not fit, 128 does
+    assert heuristics.choose(p, smaller, "persistent_cluster").config.block_n == 128
 
 
 def test_environment_selects_the_schedule():
@@ -155,7 +162,7 @@ class _Array:
         self.data = type("Ptr", (), {"ptr": 1 << 20})()
 
 
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("block_n", [128, 192, 256])
 @pytest.mark.parametrize("b_major", ["k", "n"])
 def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_n, b_major):
     import types

@@ -37,7 +37,7 @@ def check(a, b, block_n, dtype, group=16):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("block_n", [128, 192, 256])
 @pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("m", [100, 256, 300, 640, 1000, 1300])  # 1, 2, 3, 5, 8, 11 M tiles
 def test_odd_and_even_m_tile_counts(m, ta, tb, block_n, dtype):
@@ -45,7 +45,7 @@ def test_odd_and_even_m_tile_counts(m, ta, tb, block_n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("block_n", [128, 192, 256])
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (17, 64, 64), (128, 128, 64), (128, 256, 64),
                                    (100, 17, 1000)])
 def test_one_tile(m, n, k, block_n, dtype):
@@ -53,7 +53,7 @@ def test_one_tile(m, n, k, block_n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("block_n", [128, 192, 256])
 @pytest.mark.parametrize("a_batch,b_batch", [((5,), (5,)), ((3,), ()), ((), (7,)),
                                              ((2, 3), (2, 3))], ids=str)
 def test_batches_with_an_odd_number_of_m_tiles(a_batch, b_batch, block_n, dtype):
@@ -87,7 +87,7 @@ def test_many_pairs_per_cluster(m, n, k, block_n, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("block_n", [128, 192, 256])
 @pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
 @pytest.mark.parametrize("m,n,k", [(1000, 1030, 700), (300, 520, 4097), (2, 300, 129)])
 def test_bitwise_equal_to_the_persistent_kernel(m, n, k, ta, tb, block_n, dtype):
@@ -127,7 +127,7 @@ def test_explain_shows_the_cluster():
     assert int(grid[:grid.index(",")]) % 2 == 0
 
 
-@pytest.mark.parametrize("block_n", [128, 256])
+@pytest.mark.parametrize("block_n", [128, 192, 256])
 def test_every_cluster_of_the_grid_is_resident(block_n):
     """The persistent grid has floor(SM count / 2) clusters; if the GPCs cannot hold that many
     pairs of co-scheduled CTAs at once, the surplus clusters wait for a whole wave (a tail of

@@ -6,8 +6,10 @@ from hopmm.device import H100_SXM, DeviceInfo
 from hopmm.problem import Problem
 
 
-def choose(m, n, k, batch=1, dtype="bfloat16", a_major="k", b_major="n", device=H100_SXM):
-    return heuristics.choose(Problem(m, n, k, batch, dtype, a_major, b_major), device)
+def choose(m, n, k, batch=1, dtype="bfloat16", a_major="k", b_major="n", device=H100_SXM,
+           b_pitch_aligned=True, schedule=None):
+    return heuristics.choose(Problem(m, n, k, batch, dtype, a_major, b_major, b_pitch_aligned),
+                             device, schedule)
 
 
 def test_large_problem_takes_wide_tiles_and_fits_smem():
@@ -164,3 +166,38 @@ def test_split_k_workspace_and_smem_plan():
     assert SplitKSchedule.epilogue_bytes(cfg) == 128 * 128 * 4
     assert cfg.stages == 5
     assert SplitKSchedule.smem_bytes(cfg) <= H100_SXM.smem_per_block_optin
+
+
+def test_unaligned_b_rows_take_clusters_that_share_b():
+    """N-major B whose rows are not 128-byte multiples: the cluster kernel, its width by waves
+    of clusters: 3000³ is 12 x 16 pairs of 128 x 192 tiles = 2.9 waves of 66 clusters (3
+    tile-times of 192), against 12 x 12 pairs of 128 x 256 = 2.2 waves (3 of 256)."""
+    from hopmm.schedules import PersistentClusterSchedule, PersistentSchedule
+
+    c = choose(3000, 3000, 3000, b_pitch_aligned=False)
+    assert c.schedule is PersistentClusterSchedule and c.config.block_n == 192
+    assert "128 B" in c.reason and "2.91 waves of 66 clusters of 2" in c.reason
+    # 4096 x 4000: 16 x 16 pairs of 256 = 3.9 waves (4 tile-times of 256) against 16 x 21 of 192
+    # = 5.1 (6 of 192)
+    assert choose(4096, 4000, 4096, b_pitch_aligned=False).config.block_n == 256
+    assert c.config.stages >= heuristics.FAST_STAGES
+    # aligned rows, K-major B (its box rows run along K, like A's: measured cheap) and a forced
+    # schedule all keep the usual choice
+    assert choose(3000, 3000, 3000).schedule is PersistentSchedule
+    assert choose(3000, 3000, 3000, b_major="k", b_pitch_aligned=False).schedule is \
+        PersistentSchedule
+    assert choose(3000, 3000, 3000, b_pitch_aligned=False,
+                  schedule="persistent").schedule is PersistentSchedule
+    # few tiles and a long k: split-K still comes first
+    assert choose(256, 264, 16384, b_pitch_aligned=False).schedule.split_k
+
+
+def test_b_pitch_alignment_is_part_of_the_problem():
+    from hopmm import tuning
+
+    aligned = Problem(3000, 3000, 3000, 1, "bfloat16")
+    unaligned = Problem(3000, 3000, 3000, 1, "bfloat16", b_pitch_aligned=False)
+    assert aligned.b_pitch_aligned and aligned != unaligned
+    assert tuning.problem_key(aligned, H100_SXM) != tuning.problem_key(unaligned, H100_SXM)
+    with pytest.raises(ValueError, match="b_pitch_aligned"):
+        Problem(3000, 3000, 3000, 1, "bfloat16", b_pitch_aligned=1)
