@@ -22,8 +22,10 @@ struct MulticastTmaProducer {
     typedef TmaProducer<Cfg> Unicast;
     static constexpr unsigned short kAllCtas = (1u << S::kClusterSize) - 1;  // ctaMask
     static_assert(S::kClusterSize > 1, "multicast needs a cluster");
-    // MN-major B: the tile's 64-wide boxes are dealt out round-robin, box i to CTA
-    // i % kClusterSize (a 192-wide tile: two boxes for CTA 0, one for CTA 1).
+    // MN-major B: the tile's 64-wide boxes are dealt out round-robin, starting one CTA further
+    // on every k-block: box i of k-block kb goes to CTA (i + kb) % kClusterSize. Where the
+    // boxes do not divide evenly (192 wide: 3 boxes for 2 CTAs) the odd one alternates, so
+    // every CTA issues the same number of TMA loads on average.
     static constexpr int kMnBoxes = S::kBlockN / kTmaBoxElems;
     static_assert(kMnBoxes >= S::kClusterSize, "every CTA multicasts at least one box");
     // K-major B: CTA r loads rows r * kSliceRows ... of the tile, one box (the B tensor map's
@@ -38,11 +40,12 @@ struct MulticastTmaProducer {
     // compose the tile.
     __device__ __forceinline__ static void multicast_b_share(unsigned char* tile,
                                                              const TensorMap* map, u64* bar,
-                                                             int rank, int n0, int k0, int z) {
+                                                             int rank, int kb, int n0, int z) {
+        const int k0 = kb * S::kBlockK;
         if (Cfg::kTransB) {
 #pragma unroll
             for (int i = 0; i < kMnBoxes; ++i)
-                if (i % S::kClusterSize == rank)
+                if ((i + kb) % S::kClusterSize == rank)
                     tma_load_3d_multicast(tile + i * Unicast::kMnBoxBytes, map, bar,
                                           n0 + i * kTmaBoxElems, k0, z, kAllCtas);
         } else {
@@ -68,7 +71,7 @@ struct MulticastTmaProducer {
             const int k0 = kb * S::kBlockK;
             Unicast::template load_operand<Cfg::kTransA, S::kBlockM>(smem.a_tile(s), map_a,
                                                                      smem.full_bar(s), m0, k0, za);
-            multicast_b_share(smem.b_tile(s), map_b, smem.full_bar(s), rank, n0, k0, zb);
+            multicast_b_share(smem.b_tile(s), map_b, smem.full_bar(s), rank, kb, n0, zb);
         }
     }
 };
