@@ -27,7 +27,9 @@ FATAL_PTXAS_WARNINGS = {
     "C7508": "setmaxnreg ignored (no register cap at kernel entry)",
     "C7510": "wgmma serialized",
     "C7511": "wgmma serialized",
+    "C7514": "wgmma serialized (accumulators read inside a wgmma pipeline stage)",
     "C7515": "wgmma serialized",
+    "C7517": "warpgroup.wait injected (wgmma serialized)",
     "C7519": "warpgroup.arrive injected (wgmma serialized)",
 }
 

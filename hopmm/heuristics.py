@@ -48,10 +48,11 @@ class Choice:
 
 
 # Relative main-loop speed of one SM per tile width. A narrower tile reads more of A and B
-# per flop, but leaves room for more stages. Autotune tables on an H100 (bench/NOTES.md, v0.5):
-# 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both filled the SMs equally; 192
-# (4 stages against 3) ran level with 256 or up to 2 % ahead.
-TILE_WIDTH_SPEED = {256: 1.0, 192: 1.0, 128: 0.90}
+# per flop, but leaves room for more stages. Autotune tables on an H100 (bench/NOTES.md, v0.5,
+# v0.6): 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both filled the SMs equally;
+# 192 ran level with 256 or ahead (v0.5, 4 stages against 3: up to 2 %; v0.6, 4 stages each:
+# 6144³, 9 tile-times either way, 693 against 658). Rated a hair faster, so that it wins ties.
+TILE_WIDTH_SPEED = {256: 1.0, 192: 1.01, 128: 0.90}
 # N-major B whose rows are not multiples of 128 bytes (Problem.b_pitch_aligned): each 128-byte
 # TMA box row then spans two cache lines. Measured on an H100 (bench/NOTES.md v0.6, bf16
 # TFLOP/s): the unclustered kernels lose about a quarter of their speed to it (3008 x 3000 x
@@ -151,7 +152,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
                                f"memory per block is too little for split-K's 128x128 tile")
     group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
     if schedule is None and problem.trans_b and not problem.b_pitch_aligned:
-        picked = _widest_fastest(UNALIGNED_B_SCHEDULE, problem, device)
+        picked = _fastest_width(UNALIGNED_B_SCHEDULE, problem, device)
         if picked is not None and picked[0].stages >= FAST_STAGES:
             cfg, why = picked
             why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
@@ -162,7 +163,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
     # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    picked = _widest_fastest(sched, problem, device)
+    picked = _fastest_width(sched, problem, device)
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
@@ -170,9 +171,10 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
-def _widest_fastest(sched, problem: Problem, device: DeviceInfo):
-    """(config, why) of the tile width of `sched` with the fewest tile-times, widest first on
-    a tie, among those with at least FAST_STAGES stages where any has; None if no width fits."""
+def _fastest_width(sched, problem: Problem, device: DeviceInfo):
+    """(config, why) of the tile width of `sched` with the fewest tile-times (_relative_time),
+    the wider on an exact tie, among those with at least FAST_STAGES stages where any has;
+    None if no width fits."""
     widths = sorted((w for w in sched.block_ns if w in TILE_WIDTH_SPEED), reverse=True)
     configs = {w: sched.deepest(problem.dtype, w, problem.trans_a, problem.trans_b,
                                 device.smem_per_block_optin) for w in widths}

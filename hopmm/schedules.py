@@ -317,6 +317,18 @@ class PersistentClusterSchedule(PersistentSchedule):
         return out
 
 
+class PersistentOverlapSchedule(PersistentSchedule):
+    """The persistent kernel with two accumulator sets per consumer: each tile's epilogue
+    runs while the tensor cores work on the next tile's first k-block
+    (kernel_persistent_overlap.cuh). Two sets of a 64 x N accumulator tile must fit a
+    consumer's registers, so 128 and 192 wide only."""
+
+    name = "persistent_overlap"
+    skeleton = "kernel_persistent_overlap.cuh"
+    slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_overlap_gemm")
+    block_ns = (128, 192)
+
+
 class PingPongSchedule(PersistentSchedule):
     """Persistent, but each consumer warpgroup computes whole 128 x 128 tiles of its own
     (consumer 0 the CTA's 1st, 3rd, ... tile, consumer 1 its 2nd, 4th, ...), and named
@@ -436,4 +448,5 @@ class SplitKSchedule(WarpSpecializedSchedule):
 
 
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
-                                 PersistentClusterSchedule, PingPongSchedule, SplitKSchedule)}
+                                 PersistentOverlapSchedule, PersistentClusterSchedule,
+                                 PingPongSchedule, SplitKSchedule)}

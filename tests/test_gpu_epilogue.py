@@ -29,3 +29,22 @@ def _cases():
 def test_staging_ring(m, n, k, layout, dtype, schedule, block_n):
     check(*operands(m, n, k, dtype, *LAYOUTS[layout]), schedule, block_n, dtype)
 
+
+
+@pytest.mark.parametrize("block_n", [128, 192])
+@pytest.mark.parametrize("m,n,k", [(2000, 3000, 200),    # 2-3 tiles per CTA: both sets, odd end
+                                   (4224, 4096, 128),    # ~11-16 tiles per CTA
+                                   (300, 700, 4097)])    # one tile per CTA: no overlap at all
+def test_overlapped_epilogue_is_bitwise_the_persistent_kernel(m, n, k, block_n):
+    """Two accumulator sets change when a tile is stored, not what is summed: the same bits
+    as the single-set kernel (a tile stored from the wrong set, or before its last k-block
+    completed, would differ)."""
+    import cupy
+
+    from forced import run
+
+    a, b = operands(m, n, k, "bfloat16")
+    overlapped, _ = run(a, b, "persistent_overlap", block_n)
+    single, _ = run(a, b, "persistent", block_n)
+    assert not bool(cupy.isnan(overlapped.astype(cupy.float32)).any())
+    assert bool(cupy.array_equal(overlapped.view(cupy.uint16), single.view(cupy.uint16)))

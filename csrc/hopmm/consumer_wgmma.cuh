@@ -40,6 +40,34 @@ struct WgmmaConsumer {
         mainloop(smem, consumer, num_k_blocks, ring, leader, NoTurns());
     }
 
+    // Waits until the stage of ring position `ring` is full (the producer's loads landed).
+    __device__ __forceinline__ static int wait_full(const SharedStorage<Cfg>& smem, int ring) {
+        const int s = ring % S::kStages;
+        mbar_wait(smem.full_bar(s), (ring / S::kStages) & 1);
+        return s;
+    }
+
+    // Issues the wgmmas of one k-block from stage s as one committed group. The first k-block
+    // of a tile overwrites the accumulators (scale-d 0 on its first k-step: no zeroing pass).
+    __device__ __forceinline__ void issue(const SharedStorage<Cfg>& smem, int s, int row0,
+                                          bool first_of_tile) {
+        const u32 a_tile = smem_addr(smem.a_tile(s));
+        const u32 b_tile = smem_addr(smem.b_tile(s));
+        wgmma_fence_operands(acc);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kKSteps; ++kk) {
+#pragma unroll
+            for (int r = 0; r < S::kRowBlocks; ++r)
+                Mma::mma(acc[r], desc_a(a_tile, row0 + r * S::kWgmmaM, kk), desc_b(b_tile, kk),
+                         !first_of_tile || kk != 0);
+        }
+        wgmma_commit_group();
+    }
+
+    // After a wgmma_wait_group that covers this object's groups: the accumulators may be read.
+    __device__ __forceinline__ void settle() { wgmma_fence_operands(acc); }
+
     // `leader` is one thread of the warpgroup: it alone arrives on the empty barriers.
     // `turns.wait()` comes before the first full-barrier wait and wgmma of the tile,
     // `turns.pass()` right after the last commit, so another consumer's wgmmas queue behind
@@ -52,31 +80,17 @@ struct WgmmaConsumer {
         int prev_stage = -1;
         turns.wait();
         for (int kb = 0; kb < num_k_blocks; ++kb, ++ring) {
-            const int s = ring % S::kStages;
-            mbar_wait(smem.full_bar(s), (ring / S::kStages) & 1);
-            const u32 a_tile = smem_addr(smem.a_tile(s));
-            const u32 b_tile = smem_addr(smem.b_tile(s));
-            wgmma_fence_operands(acc);
-            wgmma_fence();
-#pragma unroll
-            for (int kk = 0; kk < kKSteps; ++kk) {
-#pragma unroll
-                for (int r = 0; r < S::kRowBlocks; ++r) {
-                    // The first k-step of a tile overwrites the accumulators (no zeroing pass).
-                    Mma::mma(acc[r], desc_a(a_tile, row0 + r * S::kWgmmaM, kk), desc_b(b_tile, kk),
-                             (kb | kk) != 0);
-                }
-            }
-            wgmma_commit_group();
+            const int s = wait_full(smem, ring);
+            issue(smem, s, row0, kb == 0);
             wgmma_wait_group<1>();
-            wgmma_fence_operands(acc);
+            settle();
             // Only the group of the previous k-block is known complete: release its stage.
             if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
             prev_stage = s;
         }
         turns.pass();
         wgmma_wait_group<0>();
-        wgmma_fence_operands(acc);
+        settle();
         if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
     }
 };

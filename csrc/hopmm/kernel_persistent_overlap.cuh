@@ -1,0 +1,135 @@
+// Kernel skeleton: the persistent kernel (kernel_persistent.cuh) with two accumulator sets
+// per consumer, so that a tile's epilogue runs while the tensor cores already work on the next
+// tile. The consumers alternate between the sets tile by tile; at the start of each tile they
+// issue its first k-block into one set, then wait for the previous tile's last k-block (one
+// wgmma group behind) and store the previous tile from the other set while that first k-block
+// executes. In the single-set kernel the tensor cores idle from the last wgmma of a tile until
+// its epilogue is done: about half a k-block per tile, 3-5 % where tiles have 16 k-blocks.
+//
+// Two sets of kRowBlocks x kAccRegs registers must fit a consumer's kConsumerRegs beside the
+// addressing and the epilogue: 2 x 96 for 64 x 192 per consumer, not 2 x 128 (64 x 256).
+// The producer side and the stage ring are those of kernel_persistent.cuh.
+#pragma once
+#include "tile_config.cuh"
+#include "tile_raster.cuh"
+
+namespace hopmm {
+
+// Registers a consumer thread may give to its two accumulator sets.
+constexpr int kMaxDoubleAccumulatorRegs = 192;
+
+template <class Cfg, class Consumer, class Epilogue>
+struct OverlappedTiles {
+    typedef TileShape<Cfg> S;
+    const SharedStorage<Cfg>& smem;
+    const TensorMap* map_c;
+    int consumer;
+    int thread;
+    int num_k_blocks;
+
+    __device__ __forceinline__ void store(Consumer& done, const TileCoord& c) const {
+        Epilogue::store(done.acc, map_c, smem, consumer, thread,
+                        c.m_tile * S::kBlockM + consumer * S::kWgmmaM, c.n_tile * S::kBlockN,
+                        c.z);
+    }
+
+    // The k-blocks of one tile into `cur`; when `prev` holds a finished tile (`has_prev`, at
+    // `prev_c`), its epilogue runs after cur's first k-block is issued. `prev_stage` is the
+    // stage of the last issued k-block, released once a later wait shows its group complete
+    // (-1: none).
+    __device__ __forceinline__ void tile(Consumer& cur, Consumer& prev, bool has_prev,
+                                         TileCoord prev_c, int& ring, int& prev_stage) const {
+        const int row0 = S::consumer_row0(consumer);
+        const bool leader = thread == 0;
+        // First k-block: once it is issued, only it may still be in flight, so the previous
+        // tile's last group is complete and its accumulators can be stored meanwhile.
+        int s = Consumer::wait_full(smem, ring++);
+        cur.issue(smem, s, row0, true);
+        wgmma_wait_group<1>();
+        cur.settle();
+        if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
+        prev_stage = s;
+        if (has_prev) {
+            prev.settle();
+            store(prev, prev_c);
+        }
+        for (int kb = 1; kb < num_k_blocks; ++kb) {
+            s = Consumer::wait_full(smem, ring++);
+            cur.issue(smem, s, row0, false);
+            wgmma_wait_group<1>();
+            cur.settle();
+            if (leader) release_stage(smem, prev_stage);
+            prev_stage = s;
+        }
+    }
+
+    // After the last tile: drain its group and store it.
+    __device__ __forceinline__ void finish(Consumer& last, const TileCoord& c,
+                                           int prev_stage) const {
+        wgmma_wait_group<0>();
+        last.settle();
+        if (thread == 0 && prev_stage >= 0) release_stage(smem, prev_stage);
+        store(last, c);
+    }
+};
+
+template <class Cfg, class Producer, class Consumer, class Epilogue>
+__device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
+                                                        const TensorMap* map_b,
+                                                        const TensorMap* map_c, int k,
+                                                        int batch_offset, int batch_count,
+                                                        BatchMap batch_a, BatchMap batch_b,
+                                                        GroupedRaster raster) {
+    typedef TileShape<Cfg> S;
+    static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
+    static_assert(2 * S::kRowBlocks * Consumer::kAccRegs <= kMaxDoubleAccumulatorRegs,
+                  "two accumulator sets must fit a consumer's registers");
+    extern __shared__ unsigned char smem_raw[];
+    const int warpgroup = threadIdx.x / kWarpgroupThreads;
+    const int thread = threadIdx.x % kWarpgroupThreads;
+    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
+
+    const int total_tiles = raster.per_slice() * batch_count;
+    const int num_k_blocks = S::k_blocks(k);
+    int ring = 0;
+
+    if (warpgroup == 0) {
+        setmaxnreg_dec<kProducerRegs>();
+        if (thread == 0) {
+            for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+                const TileCoord c = raster.batched(t, batch_offset);
+                Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM,
+                                    c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
+                                    num_k_blocks, ring);
+            }
+        }
+    } else {
+        setmaxnreg_inc<kConsumerRegs>();
+        const OverlappedTiles<Cfg, Consumer, Epilogue> tiles{smem, map_c, warpgroup - 1, thread,
+                                                             num_k_blocks};
+        // The two sets by name, so that every accumulator index stays a compile-time constant:
+        // the loop body handles a pair of tiles, `even` then `odd`.
+        Consumer even, odd;
+        if ((int)blockIdx.x < total_tiles) {
+            int prev_stage = -1;
+            TileCoord last = raster.batched(blockIdx.x, batch_offset);
+            bool odd_holds_last = false;
+            for (int t = blockIdx.x; t < total_tiles; t += 2 * gridDim.x) {
+                tiles.tile(even, odd, t != (int)blockIdx.x, last, ring, prev_stage);
+                last = raster.batched(t, batch_offset);
+                odd_holds_last = false;
+                if (t + (int)gridDim.x >= total_tiles) break;
+                tiles.tile(odd, even, true, last, ring, prev_stage);
+                last = raster.batched(t + gridDim.x, batch_offset);
+                odd_holds_last = true;
+            }
+            if (odd_holds_last)
+                tiles.finish(odd, last, prev_stage);
+            else
+                tiles.finish(even, last, prev_stage);
+        }
+        Epilogue::finish(thread);
+    }
+}
+
+}  // namespace hopmm
