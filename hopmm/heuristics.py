@@ -9,7 +9,8 @@ from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig,
-                        PersistentClusterSchedule, PersistentSchedule,
+                        PersistentClusterSchedule, PersistentOverlapSchedule,
+                        PersistentSchedule,
                         SplitKSchedule)
 
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
@@ -60,6 +61,13 @@ TILE_WIDTH_SPEED = {256: 1.0, 192: 1.01, 128: 0.90}
 # nothing). Clusters of two CTAs each load half of every B tile and multicast it: 3000³ ran at
 # 480 on 128 x 256 tiles against 420 (persistent 128 x 192) and 424 (cluster 128 x 128).
 UNALIGNED_B_SCHEDULE = PersistentClusterSchedule
+
+# Where the persistent schedule's width is one of these, its tiles run on persistent_overlap
+# (two accumulator sets, the epilogue under the next tile's first k-block). Measured on an H100
+# (bench/NOTES.md v0.6, bf16): 128 x 192 tiles 643 against 589 TFLOP/s at 8192 x 8192 x 1024
+# (16 k-blocks a tile), 700 against 688 at 8192³; 128 x 128 tiles gained nothing (608 against
+# 620, 640 against 652 at 4096³), and 128 x 256 tiles have no registers for a second set.
+OVERLAP_WIDTHS = (192,)
 
 # Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
 # of an L2 round trip): such a width is taken only where no width gets this many.
@@ -168,6 +176,13 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
+    if schedule is None and cfg.block_n in OVERLAP_WIDTHS:
+        overlap = PersistentOverlapSchedule.deepest(problem.dtype, cfg.block_n, problem.trans_a,
+                                                    problem.trans_b, device.smem_per_block_optin)
+        if overlap is not None and overlap.stages == cfg.stages:
+            why += ("; two accumulator sets per consumer, so each tile's epilogue overlaps the "
+                    "next tile's first k-block")
+            sched, cfg = PersistentOverlapSchedule, overlap
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 

@@ -17,7 +17,7 @@ def _heuristic_choice():
 
 
 @pytest.mark.parametrize("n,schedule", [(3000, "persistent_cluster"),   # 6000-byte rows
-                                        (3008, "persistent")])          # 6016 = 47 x 128
+                                        (3008, "persistent_overlap")])  # 6016 = 47 x 128
 def test_b_rows_off_cache_lines_take_the_cluster_kernel(n, schedule):
     import cupy
 

@@ -87,8 +87,16 @@ def test_schedule_by_name():
                            H100_SXM.sm_count) == (H100_SXM.sm_count, 1, 1)
 
 
-def test_default_schedule_is_persistent():
-    assert choose(8192, 8192, 8192).schedule.name == "persistent"
+def test_default_schedule_is_persistent_with_overlapped_epilogues_on_192_wide_tiles():
+    c = choose(8192, 8192, 8192)   # 192 wide (see the wave test above)
+    assert c.schedule.name == "persistent_overlap" and c.config.block_n == 192
+    assert "two accumulator sets" in c.reason
+    c = choose(4096, 4096, 4096)   # 256 wide: no registers for a second set
+    assert c.schedule.name == "persistent" and c.config.block_n == 256
+    c = choose(512, 512, 1024)     # 128 wide: measured no faster with two sets
+    assert c.schedule.name == "persistent" and c.config.block_n == 128
+    # a forced schedule is taken as it is
+    assert choose(8192, 8192, 8192, schedule="persistent").schedule.name == "persistent"
 
 
 # ---- split-K ----------------------------------------------------------------------------
@@ -172,7 +180,8 @@ def test_unaligned_b_rows_take_clusters_that_share_b():
     """N-major B whose rows are not 128-byte multiples: the cluster kernel, its width by waves
     of clusters: 3000³ is 12 x 16 pairs of 128 x 192 tiles = 2.9 waves of 66 clusters (3
     tile-times of 192), against 12 x 12 pairs of 128 x 256 = 2.2 waves (3 of 256)."""
-    from hopmm.schedules import PersistentClusterSchedule, PersistentSchedule
+    from hopmm.schedules import (PersistentClusterSchedule, PersistentOverlapSchedule,
+                                 PersistentSchedule)
 
     c = choose(3000, 3000, 3000, b_pitch_aligned=False)
     assert c.schedule is PersistentClusterSchedule and c.config.block_n == 192
@@ -183,9 +192,9 @@ def test_unaligned_b_rows_take_clusters_that_share_b():
     assert c.config.stages >= heuristics.FAST_STAGES
     # aligned rows, K-major B (its box rows run along K, like A's: measured cheap) and a forced
     # schedule all keep the usual choice
-    assert choose(3000, 3000, 3000).schedule is PersistentSchedule
+    assert choose(3000, 3000, 3000).schedule is PersistentOverlapSchedule
     assert choose(3000, 3000, 3000, b_major="k", b_pitch_aligned=False).schedule is \
-        PersistentSchedule
+        PersistentOverlapSchedule
     assert choose(3000, 3000, 3000, b_pitch_aligned=False,
                   schedule="persistent").schedule is PersistentSchedule
     # few tiles and a long k: split-K still comes first
