@@ -10,6 +10,26 @@
 
 namespace hopmm {
 
+// The producer warpgroup of a persistent kernel: one thread loads the CTA's tiles
+// t = blockIdx.x, blockIdx.x + gridDim.x, ... in order through the stage ring, limited only
+// by free stages (kernel_persistent_overlap.cuh and kernel_pingpong.cuh share it).
+template <class Cfg, class Producer>
+__device__ __forceinline__ void persistent_producer(const TensorMap* map_a, const TensorMap* map_b,
+                                                    const SharedStorage<Cfg>& smem, int thread,
+                                                    int total_tiles, int num_k_blocks,
+                                                    int batch_offset, BatchMap batch_a,
+                                                    BatchMap batch_b, GroupedRaster raster) {
+    typedef TileShape<Cfg> S;
+    setmaxnreg_dec<kProducerRegs>();
+    if (thread != 0) return;
+    int ring = 0;
+    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+        const TileCoord c = raster.batched(t, batch_offset);
+        Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM, c.n_tile * S::kBlockN,
+                            batch_a(c.z), batch_b(c.z), num_k_blocks, ring);
+    }
+}
+
 template <class Cfg, class Producer, class Consumer, class Epilogue>
 __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const TensorMap* map_b,
                                                 const TensorMap* map_c, int k, int batch_offset,
@@ -24,22 +44,15 @@ __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const Te
 
     const int total_tiles = raster.per_slice() * batch_count;
     const int num_k_blocks = S::k_blocks(k);
-    int ring = 0;
 
     if (warpgroup == 0) {
-        setmaxnreg_dec<kProducerRegs>();
-        if (thread == 0) {
-            for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-                const TileCoord c = raster.batched(t, batch_offset);
-                Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM,
-                                    c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
-                                    num_k_blocks, ring);
-            }
-        }
+        persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, total_tiles, num_k_blocks,
+                                           batch_offset, batch_a, batch_b, raster);
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
+        int ring = 0;
         for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
             const TileCoord c = raster.batched(t, batch_offset);
             consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);

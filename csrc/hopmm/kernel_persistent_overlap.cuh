@@ -10,8 +10,7 @@
 // addressing and the epilogue: 2 x 96 for 64 x 192 per consumer, not 2 x 128 (64 x 256).
 // The producer side and the stage ring are those of kernel_persistent.cuh.
 #pragma once
-#include "tile_config.cuh"
-#include "tile_raster.cuh"
+#include "kernel_persistent.cuh"
 
 namespace hopmm {
 
@@ -91,20 +90,13 @@ __device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
 
     const int total_tiles = raster.per_slice() * batch_count;
     const int num_k_blocks = S::k_blocks(k);
-    int ring = 0;
 
     if (warpgroup == 0) {
-        setmaxnreg_dec<kProducerRegs>();
-        if (thread == 0) {
-            for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-                const TileCoord c = raster.batched(t, batch_offset);
-                Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM,
-                                    c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
-                                    num_k_blocks, ring);
-            }
-        }
+        persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, total_tiles, num_k_blocks,
+                                           batch_offset, batch_a, batch_b, raster);
     } else {
         setmaxnreg_inc<kConsumerRegs>();
+        int ring = 0;
         const OverlappedTiles<Cfg, Consumer, Epilogue> tiles{smem, map_c, warpgroup - 1, thread,
                                                              num_k_blocks};
         // The two sets by name, so that every accumulator index stays a compile-time constant:

@@ -13,8 +13,7 @@
 // waited for. Each stage has one reader, whose single arrive releases it.
 #pragma once
 #include "consumer_turns.cuh"
-#include "tile_config.cuh"
-#include "tile_raster.cuh"
+#include "kernel_persistent.cuh"
 
 namespace hopmm {
 
@@ -42,16 +41,8 @@ __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const Tens
     const int num_k_blocks = S::k_blocks(k);
 
     if (warpgroup == 0) {
-        setmaxnreg_dec<kProducerRegs>();
-        if (thread == 0) {
-            int ring = 0;
-            for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-                const TileCoord c = raster.batched(t, batch_offset);
-                Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM,
-                                    c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
-                                    num_k_blocks, ring);
-            }
-        }
+        persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, total_tiles, num_k_blocks,
+                                           batch_offset, batch_a, batch_b, raster);
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         const int consumer = warpgroup - 1;
