@@ -10,8 +10,7 @@ from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
-                        PersistentSchedule,
-                        SplitKSchedule)
+                        PersistentSchedule, SplitKSchedule)
 
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
 # rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
@@ -59,7 +58,8 @@ TILE_WIDTH_SPEED = {256: 1.0, 192: 1.01, 128: 0.90}
 # TFLOP/s): the unclustered kernels lose about a quarter of their speed to it (3008 x 3000 x
 # 3008: 498 against 646 with aligned rows; unaligned A rows cost 3 %, unaligned C rows
 # nothing). Clusters of two CTAs each load half of every B tile and multicast it: 3000³ ran at
-# 480 on 128 x 256 tiles against 420 (persistent 128 x 192) and 424 (cluster 128 x 128).
+# 565 on clustered 128 x 192 tiles against 420 on persistent ones (and 465 on clustered
+# 128 x 256, whose pairs fill 2.2 waves); the width is ranked by waves of clusters.
 UNALIGNED_B_SCHEDULE = PersistentClusterSchedule
 
 # Where the persistent schedule's width is one of these, its tiles run on persistent_overlap

@@ -4,7 +4,8 @@
 // issue its first k-block into one set, then wait for the previous tile's last k-block (one
 // wgmma group behind) and store the previous tile from the other set while that first k-block
 // executes. In the single-set kernel the tensor cores idle from the last wgmma of a tile until
-// its epilogue is done: about half a k-block per tile, 3-5 % where tiles have 16 k-blocks.
+// its epilogue is done (measured on an H100: this kernel ran 8192 x 8192 x 1024, 16 k-blocks a
+// tile, 9 % faster, and 8192³ 2 %).
 //
 // Two sets of kRowBlocks x kAccRegs registers must fit a consumer's kConsumerRegs beside the
 // addressing and the epilogue: 2 x 96 for 64 x 192 per consumer, not 2 x 128 (64 x 256).
@@ -102,6 +103,9 @@ __device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
         // The two sets by name, so that every accumulator index stays a compile-time constant:
         // the loop body handles a pair of tiles, `even` then `odd`.
         Consumer even, odd;
+        // Every path that issued a wgmma reaches one of the two finish() calls (wait_group 0)
+        // inside this block: a path around them made ptxas inject a warpgroup.wait and
+        // serialize every wgmma of the kernel (C7517 / C7514).
         if ((int)blockIdx.x < total_tiles) {
             int prev_stage = -1;
             TileCoord last = raster.batched(blockIdx.x, batch_offset);
