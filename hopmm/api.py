@@ -219,7 +219,7 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
                                      call.b_map, c3)
     launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
     if not direct:
-        result[...] = c3.reshape(s.out_shape)
+        launch.copy_rows(result, c3.reshape(s.out_shape))
     # Remember the launches when a later call can repeat them on its own base addresses:
     # operands read in place (views share the caller's base pointer) and a direct store.
     in_place = not call.copies and direct

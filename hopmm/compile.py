@@ -98,14 +98,17 @@ class CompiledKernel:
     source_hash: str
 
 
-def cache_dir() -> Path:
+def cache_dir(create: bool = True) -> Path:
+    """HOPMM_CACHE_DIR, else ~/.cache/hopmm; made on the way unless `create` is False (the
+    per-call lookup of the autotune table only reads, and a mkdir per call costs ~20 us)."""
     root = os.environ.get("HOPMM_CACHE_DIR")
     if root:
         path = Path(root)
     else:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         path = Path(base) / "hopmm"
-    path.mkdir(parents=True, exist_ok=True)
+    if create:
+        path.mkdir(parents=True, exist_ok=True)
     return path
 
 

@@ -41,7 +41,7 @@ class TunedEntry:
 
 
 def table_path() -> Path:
-    return compiler.cache_dir() / TABLE_NAME
+    return compiler.cache_dir(create=False) / TABLE_NAME
 
 
 def problem_key(problem: Problem, device: DeviceInfo) -> str:
@@ -130,6 +130,7 @@ def lookup(problem: Problem, device: DeviceInfo) -> Choice | None:
 def record(new: dict) -> None:
     """Merges {problem_key: TunedEntry} into the table under an exclusive lock."""
     path = table_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         merged = _read(path) if path.exists() else {}

@@ -63,9 +63,21 @@ def _fake_cupy():
     m.broadcast_to = lambda x, shape: np.broadcast_to(x, shape).view(FakeArray)
     m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
     m.cuda = types.SimpleNamespace(
-        Device=_Device, runtime=types.SimpleNamespace(getDevice=lambda: 0),
+        Device=_Device,
+        runtime=types.SimpleNamespace(getDevice=lambda: 0, memcpy2DAsync=_memcpy_2d,
+                                      memcpyDeviceToDevice=_DEVICE_TO_DEVICE),
         get_current_stream=lambda: types.SimpleNamespace(ptr=0))
     return m
+
+
+_DEVICE_TO_DEVICE = 3  # cudaMemcpyKind
+
+
+def _memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream):
+    """cudaMemcpy2DAsync on the fake arrays' host memory, with the runtime's argument rules."""
+    assert kind == _DEVICE_TO_DEVICE and width <= min(dpitch, spitch)
+    for row in range(height):
+        ctypes.memmove(dst + row * dpitch, src + row * spitch, width)
 
 
 _REAL_LOADED = launch._loaded

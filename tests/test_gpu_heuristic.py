@@ -40,3 +40,26 @@ def test_an_aligned_copy_has_whole_cache_line_rows():
     a, b = rand((2048, 512), "bfloat16"), rand((512, 1023), "bfloat16")
     text = hopmm.explain(a, b)
     assert "aligned copies of b" in text and "schedule: persistent\n" in text
+
+
+@pytest.mark.parametrize("case", ["padded_rows", "one_row", "strided_rows", "transposed",
+                                  "batched", "one_of_a_batch"])
+def test_copy_rows_is_an_exact_copy(case):
+    """launch.copy_rows (pitched cudaMemcpy2DAsync where rows are contiguous, CuPy otherwise)
+    copies every element and nothing else."""
+    import cupy
+
+    from hopmm import launch
+
+    src = rand((3, 300, 517), "bfloat16")
+    dst_buf = cupy.full((3, 310, 640), cupy.nan, dtype=src.dtype)
+    pick = {"padded_rows": (src[0], dst_buf[0, :300, :517]),
+            "one_row": (src[0, :1], dst_buf[0, :1, 3:520]),
+            "strided_rows": (src[0, ::2], dst_buf[0, ::2, :517][:150]),
+            "transposed": (src[0, :, :300].T, dst_buf[0, :300, :300]),
+            "batched": (src, dst_buf[:, :300, :517]),
+            "one_of_a_batch": (src[1:2], dst_buf[1:2, 5:305, 7:524])}
+    s, d = pick[case]
+    launch.copy_rows(d, s)
+    assert bool(cupy.array_equal(d.view(cupy.uint16), s.view(cupy.uint16)))
+    assert int(cupy.isnan(dst_buf.astype(cupy.float32)).sum()) == dst_buf.size - s.size
