@@ -3,6 +3,7 @@ apply and by cupy.matmul elsewhere (visibly: `explain`, and `HOPMM_STRICT=1` mak
 error)."""
 from __future__ import annotations
 
+import functools
 import os
 from dataclasses import dataclass, field
 
@@ -40,6 +41,8 @@ class KernelCall:
     problem: Problem
     choice: heuristics.Choice
     copies: list = field(default_factory=list)  # operands the kernel reads from a copy
+    # {"a": ..., "b": ...}: each operand's batch view before any aligned copy was made of it
+    views: dict = field(default_factory=dict)
 
 
 def use_schedule(name: str | None) -> None:
@@ -135,6 +138,11 @@ def _as_matrix_stack(x, is_vector: bool, vector_axis: int):
     return x.reshape((1,) + x.shape) if vector_axis == 0 else x.reshape(x.shape + (1,))
 
 
+def _batch_view(x, is_vector: bool, axis: int, batch_shape: tuple):
+    """The (nb, r, c) operand `_kernel_call` reads before any aligned copy."""
+    return _operand3d(_as_matrix_stack(x, is_vector, axis), batch_shape)[0]
+
+
 def _operand3d(x2, batch_shape: tuple):
     """(batch..., r, c) operand -> ((nb, r, c) array, BatchMapping) over the broadcast batch."""
     import cupy
@@ -179,10 +187,10 @@ def matmul(a, b, out=None):
 def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     """Batch views and TMA-readable operands (aligned copies where needed); the problem and
     the schedule are decided on the operands exactly as the kernel will read them."""
-    a3, a_map = _operand3d(_as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
-    b3, b_map = _operand3d(_as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
-    a3, a_axis = launch.prepare_operand(a3)
-    b3, b_axis = launch.prepare_operand(b3)
+    a_view, a_map = _operand3d(_as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
+    b_view, b_map = _operand3d(_as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
+    a3, a_axis = launch.prepare_operand(a_view)
+    b3, b_axis = launch.prepare_operand(b_view)
     # B's lines run along its contiguous axis; its pitch is the stride of the other one.
     b_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
     problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
@@ -197,7 +205,8 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
     # could not be a view, an aligned buffer) has its own.
     copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
-    return KernelCall(a3, a_map, b3, b_map, problem, choice, copies)
+    return KernelCall(a3, a_map, b3, b_map, problem, choice, copies,
+                      {"a": a_view, "b": b_view})
 
 
 def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
@@ -206,27 +215,34 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     s = p.shapes
     chosen_at = fastpath.generation
     call = _kernel_call(a, b, s)
+    overlapping = user_out and (_overlap(result, a) or _overlap(result, b))
     direct = (result.flags.c_contiguous
               and layout.store_ok((s.m, s.n), (s.n * result.itemsize, result.itemsize),
                                   result.itemsize, result.data.ptr)
-              and not (user_out and (_overlap(result, a) or _overlap(result, b))))
+              and not overlapping)
+    c_buffer = None if direct else (s.batch, s.m, s.n, layout.padded(s.n, result.itemsize))
     if direct:
         c3 = result.reshape(s.batch, s.m, s.n)
     else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
-        c3 = cupy.empty((s.batch, s.m, layout.padded(s.n, result.itemsize)),
-                        dtype=result.dtype)[:, :, : s.n]
+        c3 = cupy.empty((s.batch, s.m, c_buffer[3]), dtype=result.dtype)[:, :, : s.n]
     launches = launch.build_launches(call.choice, call.problem, call.a3, call.a_map, call.b3,
                                      call.b_map, c3)
     launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
     if not direct:
         launch.copy_rows(result, c3.reshape(s.out_shape))
     # Remember the launches when a later call can repeat them on its own base addresses:
-    # operands read in place (views share the caller's base pointer) and a direct store.
-    in_place = not call.copies and direct
-    if recipe_key is not None and in_place:
-        fastpath.remember(recipe_key, fastpath.Recipe(s.out_shape, result.dtype, launches,
-                                                      fastpath.relative_bounds(a),
-                                                      fastpath.relative_bounds(b)), chosen_at)
+    # operands read in place or through an aligned copy of a view of the caller's array (the
+    # recipe makes the copy again), and a store that is not into an overlapping out.
+    view_of = {"a": functools.partial(_batch_view, is_vector=s.a_is_vector, axis=0,
+                                      batch_shape=s.batch_shape),
+               "b": functools.partial(_batch_view, is_vector=s.b_is_vector, axis=1,
+                                      batch_shape=s.batch_shape)}
+    copies = {name: fastpath.OperandCopy.of(x, call.views[name], x3, view_of[name])
+              for name, x, x3 in (("a", a, call.a3), ("b", b, call.b3)) if name in call.copies}
+    if recipe_key is not None and not overlapping and None not in copies.values():
+        fastpath.remember(recipe_key, fastpath.Recipe(
+            s.out_shape, result.dtype, launches, fastpath.relative_bounds(a),
+            fastpath.relative_bounds(b), copies.get("a"), copies.get("b"), c_buffer), chosen_at)
 
 
 def _overlap(x, y) -> bool:

@@ -1,16 +1,47 @@
 """Repeat calls skip the planning: a call whose operands match an earlier call's shapes,
 strides, dtypes, 16-byte alignment and device reuses the launches built for it and only
-substitutes the new base addresses. Only calls that ran on hopmm's kernels with no operand
-copy and a direct store are remembered; anything else takes the full path every time."""
+substitutes the new base addresses. Calls that ran on hopmm's kernels are remembered with the
+aligned copies they made of views of the caller's operands and the aligned result buffer they
+stored through, which a repeat makes again; calls that materialised another copy (a broadcast,
+a reshape that could not be a view) or stored into an overlapping out take the full path every
+time."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+from typing import Callable
 
 from . import launch
 from .layout import TMA_ALIGN, byte_bounds, overlaps
 
 MAX_RECIPES = 4096
+
+
+@dataclass(frozen=True)
+class OperandCopy:
+    """How a call made the aligned copy the kernel read: `view_of(x)` is the (batch, rows,
+    cols) view of the caller's operand that it copied (reshapes and indexing only), and
+    `padded_shape` the (batch, rows, pitch) buffer it copied into."""
+    view_of: Callable
+    padded_shape: tuple
+
+    @classmethod
+    def of(cls, x, view, copy, view_of: Callable):
+        """The recipe of `copy`, made from `view` of `x`; None where the view does not lie in
+        x's own memory (a materialised broadcast or reshape: not repeatable as a view)."""
+        x_bounds = byte_bounds(x.data.ptr, x.shape, x.strides, x.itemsize)
+        view_bounds = byte_bounds(view.data.ptr, view.shape, view.strides, view.itemsize)
+        if not overlaps(x_bounds, view_bounds) or copy.data.ptr == view.data.ptr:
+            return None
+        return cls(view_of, (copy.shape[0], copy.shape[1], copy.strides[1] // copy.itemsize))
+
+    def make(self, x):
+        import cupy
+
+        view = self.view_of(x)
+        buf = cupy.empty(self.padded_shape, dtype=x.dtype)[:, :, :view.shape[2]]
+        launch.copy_rows(buf, view)
+        return buf
 
 
 @dataclass(frozen=True)
@@ -20,6 +51,10 @@ class Recipe:
     launches: list
     a_bounds: tuple   # byte bounds of each operand, relative to its base pointer
     b_bounds: tuple
+    a_copy: OperandCopy | None = None   # the kernel reads an aligned copy of A (of B)
+    b_copy: OperandCopy | None = None
+    # (batch, m, n, padded n): the kernel stores into an aligned buffer, then one copy
+    c_buffer: tuple | None = None
 
     def run(self, a, b, out):
         """The result, or None when this call must take the full path (out overlaps)."""
@@ -34,7 +69,16 @@ class Recipe:
                     or overlaps(o, (b_ptr + self.b_bounds[0], b_ptr + self.b_bounds[1]))):
                 return None
             result = out
-        launch.launch_all(self.launches, a_ptr, b_ptr, result.data.ptr)
+        # The copies stay referenced until the launches are queued after them on this stream.
+        a_read = self.a_copy.make(a) if self.a_copy else a
+        b_read = self.b_copy.make(b) if self.b_copy else b
+        if self.c_buffer is None:
+            launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, result.data.ptr)
+        else:
+            batch, m, n, padded_n = self.c_buffer
+            c3 = cupy.empty((batch, m, padded_n), dtype=self.dtype)[:, :, :n]
+            launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, c3.data.ptr)
+            launch.copy_rows(result, c3.reshape(self.out_shape))
         return result
 
 

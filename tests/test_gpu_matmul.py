@@ -307,6 +307,38 @@ def test_repeat_calls_take_the_fast_path_with_new_data(dtype, monkeypatch):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", ["odd_rows", "transposed_odd", "vector", "sliced_offset",
+                                  "batched_odd", "broadcast_materialised"])
+def test_repeat_calls_with_aligned_copies(case, dtype, monkeypatch):
+    """Calls whose operands or result need aligned copies are remembered with those copies
+    (made again from each call's own arrays), except where a copy is not of a view of the
+    caller's array (a materialised broadcast): those are planned every time."""
+    import hopmm
+    from hopmm import api, fastpath
+
+    def operands():
+        big = rand((3, 600, 800), dtype)
+        return {"odd_rows": (rand((300, 1023), dtype), rand((1023, 517), dtype)),
+                "transposed_odd": (rand((1023, 300), dtype).T, rand((1023, 517), dtype)),
+                "vector": (rand((1023,), dtype), rand((1023, 517), dtype)),
+                "sliced_offset": (big[1, 3:303, 5:799], rand((794, 517), dtype)),  # 10 B in
+                "batched_odd": (rand((3, 300, 1023), dtype), rand((3, 1023, 517), dtype)),
+                # A varies over batch dims 0 and 2 of (2, 4, 3): not one strided view
+                "broadcast_materialised": (rand((2, 1, 3, 300, 64), dtype),
+                                           rand((1, 4, 1, 64, 517), dtype))}[case]
+
+    fastpath.clear()
+    planned = []
+    real_plan = api.plan
+    monkeypatch.setattr(api, "plan", lambda *args: planned.append(1) or real_plan(*args))
+    for _ in range(3):
+        a, b = operands()
+        got = hopmm.matmul(a, b)
+        assert rel_err(got, a, b) < TOL[dtype]
+    assert len(planned) == (3 if case == "broadcast_materialised" else 1)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
 def test_fast_path_declines_an_overlapping_out(dtype):
     import hopmm
 
