@@ -31,6 +31,10 @@ def _loaded(cubin_path: str, name: str, smem_bytes: int, device_id: int):
     return kernel
 
 
+# cudaMemcpy2D rejects pitches from 2**31 bytes on (cudaDevAttrMaxPitch); CuPy copies those.
+MAX_COPY_PITCH = 2**31
+
+
 def copy_rows(dst, src) -> None:
     """dst[...] = src for two arrays of one shape and dtype, on the current stream. Matrices
     whose rows are contiguous go through one pitched copy (cudaMemcpy2DAsync: a few us of host
@@ -45,7 +49,7 @@ def copy_rows(dst, src) -> None:
         width = cols * item
         # One row: its stride is never stepped over.
         pitches = [x.strides[0] if rows > 1 else width for x in mats]
-        if all(p >= width for p in pitches):
+        if all(width <= p < MAX_COPY_PITCH for p in pitches):
             if rows and cols:
                 (d, s), (dp, sp) = mats, pitches
                 cupy.cuda.runtime.memcpy2DAsync(d.data.ptr, dp, s.data.ptr, sp, width, rows,
