@@ -30,11 +30,16 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
     }
 }
 
-template <class Cfg, class Producer, class Consumer, class Epilogue>
-__device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const TensorMap* map_b,
-                                                const TensorMap* map_c, int k, int batch_offset,
-                                                int batch_count, BatchMap batch_a,
-                                                BatchMap batch_b, GroupedRaster raster) {
+// What every persistent skeleton shares: the shared-memory setup, the producer warpgroup's tile
+// walk, and setmaxnreg.inc for the consumers. `consumer_side(smem, consumer, thread,
+// total_tiles, num_k_blocks)` is the skeleton's own part, run by each consumer warpgroup
+// (it ends with Epilogue::finish).
+template <class Cfg, class Producer, class ConsumerSide>
+__device__ __forceinline__ void run_persistent(const TensorMap* map_a, const TensorMap* map_b,
+                                               const TensorMap* map_c, int k, int batch_offset,
+                                               int batch_count, BatchMap batch_a,
+                                               BatchMap batch_b, GroupedRaster raster,
+                                               const ConsumerSide& consumer_side) {
     typedef TileShape<Cfg> S;
     static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     extern __shared__ unsigned char smem_raw[];
@@ -50,18 +55,31 @@ __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const Te
                                            batch_offset, batch_a, batch_b, raster);
     } else {
         setmaxnreg_inc<kConsumerRegs>();
-        const int consumer = warpgroup - 1;
-        Consumer consumer_state;
-        int ring = 0;
-        for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-            const TileCoord c = raster.batched(t, batch_offset);
-            consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
-            Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                            c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
-                            c.n_tile * S::kBlockN, c.z);
-        }
-        Epilogue::finish(thread);
+        consumer_side(smem, warpgroup - 1, thread, total_tiles, num_k_blocks);
     }
+}
+
+template <class Cfg, class Producer, class Consumer, class Epilogue>
+__device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const TensorMap* map_b,
+                                                const TensorMap* map_c, int k, int batch_offset,
+                                                int batch_count, BatchMap batch_a,
+                                                BatchMap batch_b, GroupedRaster raster) {
+    typedef TileShape<Cfg> S;
+    run_persistent<Cfg, Producer>(
+        map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
+        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int total_tiles,
+            int num_k_blocks) {
+            Consumer consumer_state;
+            int ring = 0;
+            for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
+                const TileCoord c = raster.batched(t, batch_offset);
+                consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
+                Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
+                                c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
+                                c.n_tile * S::kBlockN, c.z);
+            }
+            Epilogue::finish(thread);
+        });
 }
 
 }  // namespace hopmm

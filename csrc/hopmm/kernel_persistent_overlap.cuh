@@ -81,51 +81,41 @@ __device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
                                                         BatchMap batch_a, BatchMap batch_b,
                                                         GroupedRaster raster) {
     typedef TileShape<Cfg> S;
-    static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     static_assert(2 * S::kRowBlocks * Consumer::kAccRegs <= kMaxDoubleAccumulatorRegs,
                   "two accumulator sets must fit a consumer's registers");
-    extern __shared__ unsigned char smem_raw[];
-    const int warpgroup = threadIdx.x / kWarpgroupThreads;
-    const int thread = threadIdx.x % kWarpgroupThreads;
-    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
-
-    const int total_tiles = raster.per_slice() * batch_count;
-    const int num_k_blocks = S::k_blocks(k);
-
-    if (warpgroup == 0) {
-        persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, total_tiles, num_k_blocks,
-                                           batch_offset, batch_a, batch_b, raster);
-    } else {
-        setmaxnreg_inc<kConsumerRegs>();
-        int ring = 0;
-        const OverlappedTiles<Cfg, Consumer, Epilogue> tiles{smem, map_c, warpgroup - 1, thread,
-                                                             num_k_blocks};
-        // The two sets by name, so that every accumulator index stays a compile-time constant:
-        // the loop body handles a pair of tiles, `even` then `odd`.
-        Consumer even, odd;
-        // Every path that issued a wgmma reaches one of the two finish() calls (wait_group 0)
-        // inside this block: a path around them made ptxas inject a warpgroup.wait and
-        // serialize every wgmma of the kernel (C7517 / C7514).
-        if ((int)blockIdx.x < total_tiles) {
-            int prev_stage = -1;
-            TileCoord last = raster.batched(blockIdx.x, batch_offset);
-            bool odd_holds_last = false;
-            for (int t = blockIdx.x; t < total_tiles; t += 2 * gridDim.x) {
-                tiles.tile(even, odd, t != (int)blockIdx.x, last, ring, prev_stage);
-                last = raster.batched(t, batch_offset);
-                odd_holds_last = false;
-                if (t + (int)gridDim.x >= total_tiles) break;
-                tiles.tile(odd, even, true, last, ring, prev_stage);
-                last = raster.batched(t + gridDim.x, batch_offset);
-                odd_holds_last = true;
+    run_persistent<Cfg, Producer>(
+        map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
+        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int total_tiles,
+            int num_k_blocks) {
+            int ring = 0;
+            const OverlappedTiles<Cfg, Consumer, Epilogue> tiles{smem, map_c, consumer, thread,
+                                                                 num_k_blocks};
+            // The two sets by name, so that every accumulator index stays a compile-time
+            // constant: the loop body handles a pair of tiles, `even` then `odd`.
+            Consumer even, odd;
+            // Every path that issued a wgmma reaches one of the two finish() calls
+            // (wait_group 0) inside this block: a path around them made ptxas inject a
+            // warpgroup.wait and serialize every wgmma of the kernel (C7517 / C7514).
+            if ((int)blockIdx.x < total_tiles) {
+                int prev_stage = -1;
+                TileCoord last = raster.batched(blockIdx.x, batch_offset);
+                bool odd_holds_last = false;
+                for (int t = blockIdx.x; t < total_tiles; t += 2 * gridDim.x) {
+                    tiles.tile(even, odd, t != (int)blockIdx.x, last, ring, prev_stage);
+                    last = raster.batched(t, batch_offset);
+                    odd_holds_last = false;
+                    if (t + (int)gridDim.x >= total_tiles) break;
+                    tiles.tile(odd, even, true, last, ring, prev_stage);
+                    last = raster.batched(t + gridDim.x, batch_offset);
+                    odd_holds_last = true;
+                }
+                if (odd_holds_last)
+                    tiles.finish(odd, last, prev_stage);
+                else
+                    tiles.finish(even, last, prev_stage);
             }
-            if (odd_holds_last)
-                tiles.finish(odd, last, prev_stage);
-            else
-                tiles.finish(even, last, prev_stage);
-        }
-        Epilogue::finish(thread);
-    }
+            Epilogue::finish(thread);
+        });
 }
 
 }  // namespace hopmm

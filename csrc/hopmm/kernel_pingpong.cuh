@@ -27,39 +27,28 @@ __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const Tens
                                               int batch_count, BatchMap batch_a,
                                               BatchMap batch_b, GroupedRaster raster) {
     typedef TileShape<Cfg> S;
-    static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     static_assert(S::kConsumers == 2 && !S::kConsumersShareTile,
                   "ping-pong: two consumers, each computing whole tiles");
     static_assert(S::kRowBlocks * Consumer::kAccRegs <= kMaxAccumulatorRegs,
                   "a consumer's accumulators must fit its registers");
-    extern __shared__ unsigned char smem_raw[];
-    const int warpgroup = threadIdx.x / kWarpgroupThreads;
-    const int thread = threadIdx.x % kWarpgroupThreads;
-    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
-
-    const int total_tiles = raster.per_slice() * batch_count;
-    const int num_k_blocks = S::k_blocks(k);
-
-    if (warpgroup == 0) {
-        persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, total_tiles, num_k_blocks,
-                                           batch_offset, batch_a, batch_b, raster);
-    } else {
-        setmaxnreg_inc<kConsumerRegs>();
-        const int consumer = warpgroup - 1;
-        TensorCoreTurns::hand_first_turn(consumer, (int)blockIdx.x < total_tiles);
-        const int ctas = gridDim.x;
-        Consumer consumer_state;
-        int ring = consumer * num_k_blocks;  // consumer 1 starts at the CTA's second tile
-        for (int t = blockIdx.x + consumer * ctas; t < total_tiles; t += 2 * ctas) {
-            const TileCoord c = raster.batched(t, batch_offset);
-            const TensorCoreTurns turns(consumer, t + ctas < total_tiles);
-            consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0, turns);
-            ring += num_k_blocks;  // the other consumer's next tile
-            Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                            c.m_tile * S::kBlockM, c.n_tile * S::kBlockN, c.z);
-        }
-        Epilogue::finish(thread);
-    }
+    run_persistent<Cfg, Producer>(
+        map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
+        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int total_tiles,
+            int num_k_blocks) {
+            TensorCoreTurns::hand_first_turn(consumer, (int)blockIdx.x < total_tiles);
+            const int ctas = gridDim.x;
+            Consumer consumer_state;
+            int ring = consumer * num_k_blocks;  // consumer 1 starts at the CTA's second tile
+            for (int t = blockIdx.x + consumer * ctas; t < total_tiles; t += 2 * ctas) {
+                const TileCoord c = raster.batched(t, batch_offset);
+                const TensorCoreTurns turns(consumer, t + ctas < total_tiles);
+                consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0, turns);
+                ring += num_k_blocks;  // the other consumer's next tile
+                Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
+                                c.m_tile * S::kBlockM, c.n_tile * S::kBlockN, c.z);
+            }
+            Epilogue::finish(thread);
+        });
 }
 
 }  // namespace hopmm

@@ -35,11 +35,8 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
     const int thread = threadIdx.x % kWarpgroupThreads;
     const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
 
-    int m_tile, n_tile;
-    raster.tile(blockIdx.x, m_tile, n_tile);
-    const int m0 = m_tile * S::kBlockM;
-    const int n0 = n_tile * S::kBlockN;
-    const int z = batch_offset + blockIdx.z;  // grids hold at most 65535 batches
+    const TileCoord tile = raster.block_tile(batch_offset);
+    const int m0 = tile.m_tile * S::kBlockM, n0 = tile.n_tile * S::kBlockN, z = tile.z;
     const int k_blocks = S::k_blocks(k);
     const int per_split = k_blocks / gridDim.y, extra = k_blocks % gridDim.y;
     const int split = blockIdx.y;

@@ -20,11 +20,8 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
     const int thread = threadIdx.x % kWarpgroupThreads;
     const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
 
-    int m_tile, n_tile;
-    raster.tile(blockIdx.x, m_tile, n_tile);
-    const int m0 = m_tile * S::kBlockM;
-    const int n0 = n_tile * S::kBlockN;
-    const int z = batch_offset + blockIdx.z;  // grids hold at most 65535 batches
+    const TileCoord tile = raster.block_tile(batch_offset);
+    const int m0 = tile.m_tile * S::kBlockM, n0 = tile.n_tile * S::kBlockN, z = tile.z;
     const int num_k_blocks = S::k_blocks(k);
     int ring = 0;
 

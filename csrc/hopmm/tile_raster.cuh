@@ -30,6 +30,16 @@ struct GroupedRaster {
 
     __device__ __forceinline__ int per_slice() const { return tiles_m * tiles_n; }
 
+    // The tile of a grid with one CTA per tile: blockIdx.x in raster order, blockIdx.z the
+    // batch slot of the launch (grids hold at most 65535 batches; a launch starts at slice
+    // `batch_offset`).
+    __device__ __forceinline__ TileCoord block_tile(int batch_offset) const {
+        TileCoord c;
+        c.z = batch_offset + blockIdx.z;
+        tile(blockIdx.x, c.m_tile, c.n_tile);
+        return c;
+    }
+
     // Tile `t` of a walk that visits batch slice after batch slice, each in raster order,
     // starting at slice `batch_offset` (the persistent skeletons' tile sequence).
     __device__ __forceinline__ TileCoord batched(int t, int batch_offset) const {
