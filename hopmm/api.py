@@ -233,12 +233,12 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     # Remember the launches when a later call can repeat them on its own base addresses:
     # operands read in place or through an aligned copy of a view of the caller's array (the
     # recipe makes the copy again), and a store that is not into an overlapping out.
-    view_of = {"a": functools.partial(_batch_view, is_vector=s.a_is_vector, axis=0,
-                                      batch_shape=s.batch_shape),
-               "b": functools.partial(_batch_view, is_vector=s.b_is_vector, axis=1,
-                                      batch_shape=s.batch_shape)}
-    copies = {name: fastpath.OperandCopy.of(x, call.views[name], x3, view_of[name])
-              for name, x, x3 in (("a", a, call.a3), ("b", b, call.b3)) if name in call.copies}
+    copies = {name: fastpath.OperandCopy.of(
+                  x, call.views[name], x3, functools.partial(
+                      _batch_view, is_vector=is_vector, axis=axis, batch_shape=s.batch_shape))
+              for name, x, x3, is_vector, axis in (("a", a, call.a3, s.a_is_vector, 0),
+                                                   ("b", b, call.b3, s.b_is_vector, 1))
+              if name in call.copies}
     if recipe_key is not None and not overlapping and None not in copies.values():
         fastpath.remember(recipe_key, fastpath.Recipe(
             s.out_shape, result.dtype, launches, fastpath.relative_bounds(a),
