@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The one script run on the GPU machine, from the repo root:
 #     bash bench/device_check.sh [extra bench.py args, e.g. --quick]
-# DEVICE_CHECK_TESTS=0 leaves the GPU tests out (run them separately: python3 -m pytest tests).
+# DEVICE_CHECK_TESTS=0 leaves the GPU tests out (run them separately: python3 -m pytest tests);
+# DEVICE_CHECK_TESTS=gpu runs the files that need the GPU or its driver only (the CPU tier's
+# kernel checks compile every kernel first, which alone takes most of a 10-minute command).
 # Installs hopmm, runs the GPU tests, the main job (python3 -m hopmm) and the
 # benchmark, then prints the test summary line and the bench table LAST,
 # because the caller only sees the tail of the output.
@@ -44,6 +46,9 @@ test_status=0
 if [[ "${DEVICE_CHECK_TESTS:-1}" == 0 ]]; then
     # For a run split in two under a per-command time limit: the tests ran on their own.
     echo "tests skipped (DEVICE_CHECK_TESTS=0)" | tee "$LOG_DIR/pytest.log"
+elif [[ "${DEVICE_CHECK_TESTS:-1}" == gpu ]]; then
+    python3 -m pytest -q -rs tests/test_gpu_*.py tests/test_tma.py \
+        tests/test_cpu_simulated_launch.py 2>&1 | tee "$LOG_DIR/pytest.log" || test_status=$?
 else
     python3 -m pytest -q -rs tests 2>&1 | tee "$LOG_DIR/pytest.log" || test_status=$?
 fi

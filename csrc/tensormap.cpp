@@ -4,7 +4,7 @@
 // module builds without the CUDA toolkit and imports on machines without a GPU
 // or driver (the CPU tests and kernel compilation via NVRTC need neither).
 // KernelLaunch encodes the maps of every matmul call and launches the kernel
-// (cuLaunchKernel) in one call from Python, allocating nothing on the way.
+// (cuLaunchKernelEx, or cuLaunchKernel) in one call from Python, allocating nothing on the way.
 
 #include <pybind11/pybind11.h>
 
@@ -71,6 +71,31 @@ using LaunchKernelFn = CUresult (*)(void* function, uint32_t grid_x, uint32_t gr
                                     uint32_t block_z, uint32_t shared_mem_bytes, void* stream,
                                     void** kernel_params, void** extra);
 
+// cuLaunchKernelEx's configuration (CUlaunchConfig, CUlaunchAttribute): one attribute is
+// all hopmm sets.
+constexpr int kLaunchAttributeProgrammaticStreamSerialization = 6;
+constexpr size_t kLaunchAttributeValueBytes = 64;  // CUlaunchAttributeValue is a 64-byte union
+struct CUlaunchAttribute {
+    int id;
+    char pad[8 - sizeof(int)];
+    union {
+        char bytes[kLaunchAttributeValueBytes];
+        int programmatic_stream_serialization_allowed;
+    } value;
+};
+static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
+struct CUlaunchConfig {
+    uint32_t grid_x, grid_y, grid_z;
+    uint32_t block_x, block_y, block_z;
+    uint32_t shared_mem_bytes;
+    void* stream;
+    CUlaunchAttribute* attrs;
+    uint32_t num_attrs;
+};
+static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig is 56 bytes");
+using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig* config, void* function,
+                                      void** kernel_params, void** extra);
+
 const char kDriverLibrary[] = "libcuda.so.1";
 const char kNoDriverMessage[] =
     "CUDA driver (libcuda.so.1) not found: tensor maps need an NVIDIA driver";
@@ -79,6 +104,7 @@ struct Driver {
     EncodeTiledFn encode_tiled = nullptr;
     GetErrorFn get_error_name = nullptr;
     LaunchKernelFn launch_kernel = nullptr;
+    LaunchKernelExFn launch_kernel_ex = nullptr;  // CUDA 12.0 drivers and later
 };
 
 Driver load_driver() {
@@ -89,6 +115,7 @@ Driver load_driver() {
     d.encode_tiled = reinterpret_cast<EncodeTiledFn>(dlsym(lib, "cuTensorMapEncodeTiled"));
     d.get_error_name = reinterpret_cast<GetErrorFn>(dlsym(lib, "cuGetErrorName"));
     d.launch_kernel = reinterpret_cast<LaunchKernelFn>(dlsym(lib, "cuLaunchKernel"));
+    d.launch_kernel_ex = reinterpret_cast<LaunchKernelExFn>(dlsym(lib, "cuLaunchKernelEx"));
     return d;
 }
 
@@ -252,10 +279,14 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 
 // A kernel launch that repeats with new base addresses only. The tensor-map templates, the
 // grid and the scalar arguments are parsed and checked once; each launch() then encodes the
-// maps on its own stack (so concurrent launches share nothing) and calls cuLaunchKernel. The
-// kernel's parameters are the maps, in order, then `pointers` raw 64-bit device pointers
-// (split-K's workspace and semaphores), then the 32-bit integers. launch() takes one base
-// address per map followed by the pointers.
+// maps on its own stack (so concurrent launches share nothing) and launches. The kernel's
+// parameters are the maps, in order, then `pointers` raw 64-bit device pointers (split-K's
+// workspace and semaphores), then the 32-bit integers. launch() takes one base address per map
+// followed by the pointers.
+// `programmatic`: launch with programmatic stream serialization (cuLaunchKernelEx), so that the
+// kernel may be scheduled before the previous kernel of the stream has finished; only for
+// kernels that wait (griddepcontrol.wait) before touching global memory. Drivers without
+// cuLaunchKernelEx get a plain launch.
 class KernelLaunch {
   public:
     static constexpr size_t kMaxMaps = 4;
@@ -264,9 +295,9 @@ class KernelLaunch {
 
     KernelLaunch(uint64_t function, const py::sequence& grid, uint32_t block_x,
                  uint32_t shared_mem_bytes, const py::sequence& map_templates,
-                 const py::sequence& ints, size_t pointers)
+                 const py::sequence& ints, size_t pointers, bool programmatic)
         : function_(reinterpret_cast<void*>(function)), block_x_(block_x),
-          shared_mem_(shared_mem_bytes), n_ptrs_(pointers) {
+          shared_mem_(shared_mem_bytes), n_ptrs_(pointers), programmatic_(programmatic) {
         if (n_ptrs_ > kMaxPointers) throw py::value_error("at most 4 pointer arguments");
         if (read_ints(grid, "grid", grid_) != grid_.size()) throw py::value_error("grid: 3 ints");
         n_maps_ = map_templates.size();
@@ -307,17 +338,29 @@ class KernelLaunch {
             ints[i] = ints_[i];
             params[n_maps_ + n_ptrs_ + i] = &ints[i];
         }
-        const CUresult rc = d.launch_kernel(function_, grid_[0], grid_[1], grid_[2], block_x_, 1,
-                                            1, shared_mem_, reinterpret_cast<void*>(stream),
-                                            params, nullptr);
+        void* const stream_handle = reinterpret_cast<void*>(stream);
+        const bool ex = programmatic_ && d.launch_kernel_ex != nullptr;
+        CUresult rc;
+        if (ex) {
+            CUlaunchAttribute attr{};
+            attr.id = kLaunchAttributeProgrammaticStreamSerialization;
+            attr.value.programmatic_stream_serialization_allowed = 1;
+            const CUlaunchConfig config{grid_[0], grid_[1], grid_[2], block_x_, 1, 1,
+                                        shared_mem_, stream_handle, &attr, 1};
+            rc = d.launch_kernel_ex(&config, function_, params, nullptr);
+        } else {
+            rc = d.launch_kernel(function_, grid_[0], grid_[1], grid_[2], block_x_, 1, 1,
+                                 shared_mem_, stream_handle, params, nullptr);
+        }
         if (rc != kCudaSuccess) {
             const char* name = nullptr;
             if (d.get_error_name == nullptr || d.get_error_name(rc, &name) != kCudaSuccess ||
                 name == nullptr) {
                 name = "unknown error";
             }
-            throw std::runtime_error("cuLaunchKernel failed with CUresult " + std::to_string(rc) +
-                                     " (" + name + ")");
+            throw std::runtime_error(std::string(ex ? "cuLaunchKernelEx" : "cuLaunchKernel") +
+                                     " failed with CUresult " + std::to_string(rc) + " (" +
+                                     name + ")");
         }
     }
 
@@ -327,6 +370,7 @@ class KernelLaunch {
     uint32_t block_x_;
     uint32_t shared_mem_;
     size_t n_ptrs_;
+    bool programmatic_;
     size_t n_maps_ = 0;
     std::array<TiledArgs, kMaxMaps> templates_{};
     size_t n_ints_ = 0;
@@ -356,6 +400,8 @@ PYBIND11_MODULE(_tensormap, m) {
     m.attr("CUDA_SUCCESS") = kCudaSuccess;
     m.attr("CUDA_ERROR_NOT_INITIALIZED") = kCudaErrorNotInitialized;
     m.attr("CUDA_ERROR_INVALID_CONTEXT") = kCudaErrorInvalidContext;
+    m.attr("LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION") =
+        kLaunchAttributeProgrammaticStreamSerialization;
     m.attr("DATA_TYPE_FLOAT16") = kDataTypeFloat16;
     m.attr("DATA_TYPE_FLOAT32") = kDataTypeFloat32;
     m.attr("DATA_TYPE_BFLOAT16") = kDataTypeBFloat16;
@@ -373,9 +419,9 @@ PYBIND11_MODULE(_tensormap, m) {
     py::class_<KernelLaunch>(m, "KernelLaunch",
                              "A repeatable launch: tensor-map templates + grid + scalar args.")
         .def(py::init<uint64_t, const py::sequence&, uint32_t, uint32_t, const py::sequence&,
-                      const py::sequence&, size_t>(),
+                      const py::sequence&, size_t, bool>(),
              py::arg("function"), py::arg("grid"), py::arg("block_x"),
              py::arg("shared_mem_bytes"), py::arg("map_templates"), py::arg("ints"),
-             py::arg("pointers") = 0)
+             py::arg("pointers") = 0, py::arg("programmatic") = false)
         .def("launch", &KernelLaunch::launch, py::arg("stream"));
 }

@@ -3,6 +3,7 @@ CuPy's current stream."""
 from __future__ import annotations
 
 import functools
+import os
 
 from . import compile as compiler
 from . import layout, tma, workspace
@@ -29,6 +30,18 @@ def _loaded(cubin_path: str, name: str, smem_bytes: int, device_id: int):
     kernel = cupy.RawModule(path=cubin_path).get_function(name)
     kernel.max_dynamic_shared_size_bytes = smem_bytes
     return kernel
+
+
+# Programmatic dependent launch: each kernel is launched so that it may be scheduled while the
+# previous kernel of its stream finishes, and its CTAs set up (barriers, tensor-map prefetch) on
+# the SMs that kernel leaves. Safe for any previous kernel: every hopmm kernel waits for it to
+# complete, its writes visible, before touching global memory (tile_config.cuh's prologue).
+# HOPMM_PDL=0 launches plainly, as of the next call that is planned.
+PDL_ENV = "HOPMM_PDL"
+
+
+def programmatic_launch() -> bool:
+    return os.environ.get(PDL_ENV, "1") != "0"
 
 
 # cudaMemcpy2D rejects pitches from 2**31 bytes on (cudaDevAttrMaxPitch); CuPy copies those.
@@ -166,6 +179,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     templates = [_map_template(spec) for spec in (spec_a, spec_b, spec_c)]
     tiles_m, tiles_n = sched.tiles(problem, cfg)
     sm_count = query(device_id).sm_count
+    programmatic = programmatic_launch()
     launches = []
     for z0, count in layout.batch_chunks(problem.batch):
         ints = (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
@@ -173,14 +187,14 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         grid = sched.grid(problem, cfg, count, sm_count, choice.splits)
         if not sched.split_k:
             launches.append(KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
-                                         templates, ints))
+                                         templates, ints, programmatic=programmatic))
             continue
         # Split-K: a fourth map (the fp32 workspace of this chunk's geometry) and the
         # workspace / semaphore pointers, all of the launching stream's workspace.
         ws_shape = sched.workspace_shape(problem, cfg, count, choice.splits)
         inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
                              templates + [_map_template(workspace_spec(ws_shape))], ints,
-                             pointers=sched.pointers)
+                             pointers=sched.pointers, programmatic=programmatic)
         ws_bytes = ws_shape[0] * ws_shape[1] * ws_shape[2] * F32_BYTES
         launches.append(WorkspaceLaunch(inner, device_id, ws_bytes,
                                         sched.semaphore_count(problem, cfg, count)))

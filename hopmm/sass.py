@@ -20,7 +20,15 @@ _OPCODES = {
     "tma_multicast": re.compile(r"\bUTMALDG\.[\w.]*MULTICAST\b"),   # counted in tma_load too
     "cluster_barrier": re.compile(r"\bUCGABAR_(ARV|WAIT)\b"),
     "remote_arrive": re.compile(r"\bSYNCS\.ARRIVE\.TRANS64\.RED\b"),  # mbarrier on a peer CTA
+    "dependency_wait": re.compile(r"\bACQBULK\b"),      # griddepcontrol.wait
+    "launch_dependents": re.compile(r"\bPREEXIT\b"),    # griddepcontrol.launch_dependents
 }
+# Opcodes that read or write global memory: TMA and bulk copies / reductions, plain and
+# atomic loads and stores.
+_GLOBAL_ACCESS = {"UTMALDG", "UTMASTG", "UTMAREDG", "UBLKCP", "UBLKRED", "LDG", "STG", "ATOMG",
+                  "ATOM", "RED"}
+# An instruction line: its offset, an optional predicate, then the opcode (up to its first '.').
+_INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _ARCH = re.compile(r"code for (sm_\w+)")
 
 
@@ -55,6 +63,24 @@ def disassemble(cubin_path: Path, tool: str | None = None) -> str:
         raise FileNotFoundError("cuobjdump not found: `pip install nvidia-cuda-cuobjdump`")
     return subprocess.run([tool, "-sass", str(cubin_path)], check=True, capture_output=True,
                           text=True).stdout
+
+
+def global_access_before_dependency_wait(listing: str) -> list[str]:
+    """Instructions of a one-kernel SASS listing that touch global memory at a lower address
+    than its first griddepcontrol.wait (all of them if it has none). A programmatically
+    launched kernel may run beside the previous kernel of its stream until that wait."""
+    wait = None
+    accesses = []
+    for line in listing.splitlines():
+        ins = _INSTRUCTION.search(line)
+        if ins is None:
+            continue
+        offset, opcode = int(ins.group(1), 16), ins.group(2)
+        if wait is None and opcode == "ACQBULK":
+            wait = offset
+        elif opcode in _GLOBAL_ACCESS:
+            accesses.append((offset, line.strip()))
+    return [text for at, text in accesses if wait is None or at < wait]
 
 
 def summarize(cubin_path: Path, tool: str | None = None) -> SassSummary:

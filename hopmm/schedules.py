@@ -329,6 +329,19 @@ class PersistentOverlapSchedule(PersistentSchedule):
     block_ns = (128, 192)
 
 
+class PersistentClusterOverlapSchedule(PersistentClusterSchedule):
+    """Clusters of two CTAs sharing their B tiles (persistent_cluster) whose consumers keep two
+    accumulator sets (persistent_overlap): B leaves L2 once per pair, and each tile's epilogue
+    runs under the next tile's first k-block (kernel_persistent_cluster_overlap.cuh). 128 and
+    192 wide, as persistent_overlap."""
+
+    name = "persistent_cluster_overlap"
+    skeleton = "kernel_persistent_cluster_overlap.cuh"
+    slots = dict(PersistentClusterSchedule.slots,
+                 SKELETON="hopmm::persistent_cluster_overlap_gemm")
+    block_ns = PersistentOverlapSchedule.block_ns
+
+
 class PingPongSchedule(PersistentSchedule):
     """Persistent, but each consumer warpgroup computes whole 128 x 128 tiles of its own
     (consumer 0 the CTA's 1st, 3rd, ... tile, consumer 1 its 2nd, 4th, ...), and named
@@ -449,4 +462,5 @@ class SplitKSchedule(WarpSpecializedSchedule):
 
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
                                  PersistentOverlapSchedule, PersistentClusterSchedule,
-                                 PingPongSchedule, SplitKSchedule)}
+                                 PersistentClusterOverlapSchedule, PingPongSchedule,
+                                 SplitKSchedule)}

@@ -63,11 +63,13 @@ def test_barrier_protocol_in_the_source():
     release = _body(src, "void release_stage(", "\n}\n")
     assert "mapa_shared(local, rank)" in release and "rank < S::kClusterSize" in release
     assert "fence.mbarrier_init.release.cluster;" in src
-    skeleton = _body(src, "void persistent_cluster_gemm(", "\n}\n")
+    skeleton = _body(src, "void run_persistent_cluster(", "\n}\n")
     setup, first_sync = skeleton.index("setup_shared_storage"), skeleton.index("cluster_sync();")
     assert setup < first_sync < skeleton.index("setmaxnreg_dec")
     assert skeleton.rstrip().endswith("cluster_sync();")
-    assert "if (m_tile < raster.tiles_m)" in skeleton   # no store past the last M tile
+    # no store past the last M tile
+    assert "return c.m_tile < tiles_m;" in _body(src, "struct ClusterTileWalk", "};")
+    assert "if (walk.stores(c))" in _body(src, "void persistent_cluster_gemm(", "\n}\n")
 
 
 def test_shared_operand_box_is_a_slice_of_the_tile():
@@ -145,7 +147,8 @@ def test_environment_selects_the_schedule():
 
 
 class _RecordedLaunch:
-    def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints):
+    def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints,
+                 programmatic=False):
         self.grid, self.block_x, self.smem = grid, block_x, shared_mem_bytes
         self.templates, self.ints = map_templates, ints
 

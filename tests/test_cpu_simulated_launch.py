@@ -102,8 +102,9 @@ class SimulatedLaunch:
     split_launches = []   # (grid, stream, workspace pointer, semaphore pointer) of split-K
 
     def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints,
-                 pointers=0):
+                 pointers=0, programmatic=False):
         self.block_x, self.shared_mem_bytes = block_x, shared_mem_bytes
+        self.programmatic = programmatic
         self.templates = map_templates
         self.grid = grid
         self.pointers = pointers
@@ -255,6 +256,24 @@ def test_repeat_calls_reuse_launches_on_new_arrays(simulated_gpu, monkeypatch):
         a, b = rand((80, 64)), rand((64, 48))
         expect(a, b, hopmm.matmul(a, b))
     assert len(planned) == 1 and SimulatedLaunch.launches == 3
+
+
+@pytest.mark.parametrize("env, programmatic", [(None, True), ("1", True), ("0", False)],
+                         ids=["default", "on", "off"])
+def test_launches_are_programmatic_unless_turned_off(simulated_gpu, monkeypatch, env,
+                                                     programmatic):
+    """Every kernel waits for the previous kernel of its stream before touching global memory
+    (griddepcontrol.wait, checked in SASS by test_kernels_cpu), so launches may overlap it."""
+    if env is None:
+        monkeypatch.delenv(launch.PDL_ENV, raising=False)
+    else:
+        monkeypatch.setenv(launch.PDL_ENV, env)
+    for schedule in (None, "split_k"):   # split-K's launch goes through WorkspaceLaunch
+        hopmm.use_schedule(schedule)
+        a, b = rand((256, 1024)), rand((1024, 256))
+        expect(a, b, hopmm.matmul(a, b))
+        assert SimulatedLaunch.last.programmatic is programmatic
+    assert len(SimulatedLaunch.split_launches) == 1
 
 
 def test_batches_beyond_one_grid(simulated_gpu, monkeypatch):

@@ -1,9 +1,10 @@
-"""GPU tier, persistent_cluster only: what is specific to clusters of two CTAs sharing a B
+"""GPU tier, the cluster schedules: what is specific to clusters of two CTAs sharing a B
 tile through TMA multicast. Pairs whose second tile lies past the last M tile (odd M-tile
 counts, in every batch slice), one tile, raster groups, both tile widths on every layout,
 bitwise equality with the unclustered persistent kernel (same tiles, same k order: a misplaced
-multicast slice or a stage reused too early changes bits) and run-to-run repeatability.
-The general cases run on this schedule through SCHEDULE_NAMES in test_gpu_matmul.py."""
+multicast slice or a stage reused too early changes bits) and run-to-run repeatability; then
+persistent_cluster_overlap against persistent_cluster, bit for bit.
+The general cases run on both through SCHEDULE_NAMES in test_gpu_matmul.py."""
 import pytest
 
 import forced
@@ -16,6 +17,7 @@ DTYPES = ["bfloat16", "float16"]
 LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]
 LAYOUT_IDS = ["NN", "TN", "NT", "TT"]
 CLUSTER = "persistent_cluster"
+CLUSTER_OVERLAP = "persistent_cluster_overlap"
 
 
 @pytest.fixture(autouse=True)
@@ -116,6 +118,33 @@ def test_bitwise_repeatable(m, n, k, dtype):
     for _ in range(19):
         again = hopmm.matmul(a, b)
         assert bool(cupy.array_equal(first.view(cupy.uint16), again.view(cupy.uint16)))
+
+
+@pytest.mark.parametrize("block_n", [128, 192])
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("m,n,k", [(1000, 1030, 700),    # 8 x 6-9 tiles: one pair per cluster
+                                   (4224, 4096, 128),    # 33 M tiles: ~6-8 pairs per cluster
+                                   (300, 520, 4097),     # 3 M tiles: a CTA without its own
+                                   (2, 300, 129)])
+def test_cluster_overlap_is_bitwise_the_cluster_kernel(m, n, k, ta, tb, block_n):
+    """Two accumulator sets change when a tile is stored, not what is summed or which CTA
+    stores it: the same bits as persistent_cluster (a tile stored from the wrong set, before
+    its last k-block completed, or by the CTA whose tile lies past C, would differ)."""
+    import cupy
+
+    a, b = operands(m, n, k, "bfloat16", ta, tb)
+    overlapped, _ = run(a, b, block_n, schedule=CLUSTER_OVERLAP)
+    single, _ = run(a, b, block_n)
+    assert not bool(cupy.isnan(overlapped.astype(cupy.float32)).any())
+    assert bool(cupy.array_equal(overlapped.view(cupy.uint16), single.view(cupy.uint16)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_n", [128, 192])
+def test_cluster_overlap_batches_with_an_odd_number_of_m_tiles(block_n, dtype):
+    """3 M tiles per slice in 5 slices: the rows below each slice stay untouched."""
+    forced.check(rand((5, 300, 200), dtype), rand((5, 200, 260), dtype), CLUSTER_OVERLAP,
+                 block_n, dtype)
 
 
 def test_explain_shows_the_cluster():

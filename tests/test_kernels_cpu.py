@@ -42,6 +42,33 @@ def test_sass(compiled):
     assert s.counts["local_memory"] == 0
 
 
+def test_no_global_access_before_the_dependency_wait(compiled):
+    """Launches are programmatic (launch.programmatic_launch): a kernel may be running while
+    the previous kernel of its stream finishes, so nothing may read or write global memory
+    before griddepcontrol.wait; the producer also lets the next kernel be scheduled (after its
+    last load, in the source; here: the instruction is there)."""
+    tool = sass.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    _, _, kernel = compiled
+    listing = sass.disassemble(kernel.cubin_path, tool)
+    s = sass.summarize(kernel.cubin_path, tool)
+    assert s.counts["dependency_wait"] == 1 and s.counts["launch_dependents"] >= 1
+    assert sass.global_access_before_dependency_wait(listing) == []
+
+
+def test_global_access_check_sees_an_early_load():
+    listing = ("        /*0010*/                   LDG.E R2, desc[UR4][R2.64] ;\n"
+               "        /*0018*/              @!P1 SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ, [R12+URZ] ;\n"
+               "        /*0020*/                   ACQBULK ;\n"
+               "        /*0030*/               @P0 UTMALDG.3D [UR8], [UR4] ;\n")
+    assert sass.global_access_before_dependency_wait(listing) == [
+        "/*0010*/                   LDG.E R2, desc[UR4][R2.64] ;"]
+    assert sass.global_access_before_dependency_wait(listing.replace("ACQBULK", "NOP")) == [
+        "/*0010*/                   LDG.E R2, desc[UR4][R2.64] ;",
+        "/*0030*/               @P0 UTMALDG.3D [UR8], [UR4] ;"]
+
+
 def test_cluster_sass(compiled):
     """A cluster kernel multicasts its shared operand (UTMALDG.MULTICAST), arrives on its
     peer's empty barriers and meets its peer at two cluster barriers (after the mbarrier init,

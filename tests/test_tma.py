@@ -174,6 +174,8 @@ ENUMS = [
     ("cudaError_enum", "CUDA_SUCCESS", 0, "CUDA_SUCCESS"),
     ("cudaError_enum", "CUDA_ERROR_NOT_INITIALIZED", 3, "CUDA_ERROR_NOT_INITIALIZED"),
     ("cudaError_enum", "CUDA_ERROR_INVALID_CONTEXT", 201, "CUDA_ERROR_INVALID_CONTEXT"),
+    ("CUlaunchAttributeID_enum", "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION", 6,
+     "LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION"),
 ]
 ENUM_IDS = [member for _, member, _, _ in ENUMS]
 
@@ -485,6 +487,13 @@ def make_launch(**kw):
 def test_kernel_launch_rejects_bad_construction(kw, match):
     with pytest.raises(ValueError, match=match):
         make_launch(**kw)
+
+
+def test_kernel_launch_takes_the_programmatic_flag():
+    """Both launch kinds check their addresses before the driver is asked for anything."""
+    for programmatic in (False, True):
+        with pytest.raises(ValueError, match="one base address per tensor map"):
+            make_launch(programmatic=programmatic).launch(0)
 
 
 def test_kernel_launch_needs_one_address_per_map():

@@ -28,7 +28,23 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
         Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM, c.n_tile * S::kBlockN,
                             batch_a(c.z), batch_b(c.z), num_k_blocks, ring);
     }
+    grid_launch_dependents();  // the last load is issued
 }
+
+// The tiles one CTA of a persistent grid computes, as the consumers walk them: t = first(),
+// first() + stride(), ... below `end`; coord(t) is the tile, stores(c) whether it lies in C.
+// (kernel_persistent_cluster.cuh has the walk of a CTA in a cluster.)
+struct CtaTileWalk {
+    GroupedRaster raster;
+    int batch_offset;
+    int end;  // tiles of every batch slice of the launch
+    __device__ __forceinline__ int first() const { return blockIdx.x; }
+    __device__ __forceinline__ int stride() const { return gridDim.x; }
+    __device__ __forceinline__ TileCoord coord(int t) const {
+        return raster.batched(t, batch_offset);
+    }
+    __device__ __forceinline__ bool stores(const TileCoord&) const { return true; }
+};
 
 // What every persistent skeleton shares: the shared-memory setup, the producer warpgroup's tile
 // walk, and setmaxnreg.inc for the consumers. `consumer_side(smem, consumer, thread,

@@ -30,13 +30,39 @@ __device__ __forceinline__ GroupedRaster cluster_raster(GroupedRaster tiles) {
                          (tiles.group + CLUSTER - 1) / CLUSTER};
 }
 
-template <class Cfg, class Producer, class Consumer, class Epilogue>
-__device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
-                                                        const TensorMap* map_b,
-                                                        const TensorMap* map_c, int k,
-                                                        int batch_offset, int batch_count,
-                                                        BatchMap batch_a, BatchMap batch_b,
-                                                        GroupedRaster raster) {
+// The tiles one CTA of a cluster computes: the cluster walks pairs p = first(), first() +
+// stride(), ... below `end`; this CTA takes M tile kClusterSize * pair_m + rank of each, and
+// stores it only where that tile lies in C (an odd number of M tiles leaves the last CTA of the
+// last pair row without a tile of its own).
+template <int CLUSTER>
+struct ClusterTileWalk {
+    GroupedRaster pairs;  // cluster_raster() of the tile raster
+    int batch_offset;
+    int end;              // pairs of every batch slice of the launch
+    int rank;
+    int tiles_m;
+    __device__ __forceinline__ int first() const { return cluster_id_x(); }
+    __device__ __forceinline__ int stride() const { return cluster_count_x(); }
+    __device__ __forceinline__ TileCoord coord(int p) const {
+        TileCoord c = pairs.batched(p, batch_offset);
+        c.m_tile = c.m_tile * CLUSTER + rank;
+        return c;
+    }
+    __device__ __forceinline__ bool stores(const TileCoord& c) const { return c.m_tile < tiles_m; }
+};
+
+// What the cluster skeletons share: shared memory and barriers published cluster-wide, the
+// producer's walk over this CTA's tiles of the pairs, setmaxnreg, and the final cluster barrier.
+// `consumer_side(smem, consumer, thread, num_k_blocks, walk)` is the skeleton's own part, run by
+// each consumer warpgroup (it ends with Epilogue::finish).
+template <class Cfg, class Producer, class ConsumerSide>
+__device__ __forceinline__ void run_persistent_cluster(const TensorMap* map_a,
+                                                       const TensorMap* map_b,
+                                                       const TensorMap* map_c, int k,
+                                                       int batch_offset, int batch_count,
+                                                       BatchMap batch_a, BatchMap batch_b,
+                                                       GroupedRaster raster,
+                                                       const ConsumerSide& consumer_side) {
     typedef TileShape<Cfg> S;
     static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     static_assert(S::kClusterSize > 1, "a cluster kernel");
@@ -50,41 +76,58 @@ __device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
 
     const int rank = static_cast<int>(cluster_ctarank());
     const GroupedRaster pairs = cluster_raster<S::kClusterSize>(raster);
-    const int total_pairs = pairs.per_slice() * batch_count;
+    const ClusterTileWalk<S::kClusterSize> walk{pairs, batch_offset,
+                                                pairs.per_slice() * batch_count, rank,
+                                                raster.tiles_m};
     const int num_k_blocks = S::k_blocks(k);
-    int ring = 0;
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
-            for (int p = cluster_id_x(); p < total_pairs; p += cluster_count_x()) {
-                const TileCoord pair = pairs.batched(p, batch_offset);
-                const int m_tile = pair.m_tile * S::kClusterSize + rank;
-                Producer::load_tile(map_a, map_b, smem, rank, m_tile * S::kBlockM,
-                                    pair.n_tile * S::kBlockN, batch_a(pair.z), batch_b(pair.z),
+            int ring = 0;
+            for (int p = walk.first(); p < walk.end; p += walk.stride()) {
+                const TileCoord c = walk.coord(p);
+                Producer::load_tile(map_a, map_b, smem, rank, c.m_tile * S::kBlockM,
+                                    c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
                                     num_k_blocks, ring);
             }
+            grid_launch_dependents();  // the last load is issued
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
-        const int consumer = warpgroup - 1;
-        Consumer consumer_state;
-        for (int p = cluster_id_x(); p < total_pairs; p += cluster_count_x()) {
-            const TileCoord pair = pairs.batched(p, batch_offset);
-            const int m_tile = pair.m_tile * S::kClusterSize + rank;
-            consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
-            // The whole tile is below the last row of C: nothing to store (the branch is
-            // uniform over the CTA, and the epilogue's barriers are per consumer).
-            if (m_tile < raster.tiles_m)
-                Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                                m_tile * S::kBlockM + consumer * S::kWgmmaM,
-                                pair.n_tile * S::kBlockN, pair.z);
-        }
-        Epilogue::finish(thread);
+        consumer_side(smem, warpgroup - 1, thread, num_k_blocks, walk);
     }
     // A peer may still arrive on this CTA's empty barriers (its consumers' last releases)
     // after this CTA's own work is done: stay until every thread of the cluster got here.
     cluster_sync();
+}
+
+template <class Cfg, class Producer, class Consumer, class Epilogue>
+__device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
+                                                        const TensorMap* map_b,
+                                                        const TensorMap* map_c, int k,
+                                                        int batch_offset, int batch_count,
+                                                        BatchMap batch_a, BatchMap batch_b,
+                                                        GroupedRaster raster) {
+    typedef TileShape<Cfg> S;
+    run_persistent_cluster<Cfg, Producer>(
+        map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
+        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int num_k_blocks,
+            const ClusterTileWalk<S::kClusterSize>& walk) {
+            Consumer consumer_state;
+            int ring = 0;
+            for (int p = walk.first(); p < walk.end; p += walk.stride()) {
+                const TileCoord c = walk.coord(p);
+                consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
+                // The whole tile is below the last row of C: nothing to store (the branch is
+                // uniform over the CTA, and the epilogue's barriers are per consumer).
+                if (walk.stores(c))
+                    Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
+                                    c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
+                                    c.n_tile * S::kBlockN, c.z);
+            }
+            Epilogue::finish(thread);
+        });
 }
 
 }  // namespace hopmm

@@ -9,7 +9,9 @@
 //
 // Two sets of kRowBlocks x kAccRegs registers must fit a consumer's kConsumerRegs beside the
 // addressing and the epilogue: 2 x 96 for 64 x 192 per consumer, not 2 x 128 (64 x 256).
-// The producer side and the stage ring are those of kernel_persistent.cuh.
+// The producer side and the stage ring are those of kernel_persistent.cuh; the consumers'
+// side (overlapped_consumer) takes any tile walk, so that kernel_persistent_cluster_overlap.cuh
+// runs it in clusters.
 #pragma once
 #include "kernel_persistent.cuh"
 
@@ -18,16 +20,20 @@ namespace hopmm {
 // Registers a consumer thread may give to its two accumulator sets.
 constexpr int kMaxDoubleAccumulatorRegs = 192;
 
-template <class Cfg, class Consumer, class Epilogue>
+template <class Cfg, class Consumer, class Epilogue, class Walk>
 struct OverlappedTiles {
     typedef TileShape<Cfg> S;
     const SharedStorage<Cfg>& smem;
     const TensorMap* map_c;
+    const Walk& walk;
     int consumer;
     int thread;
     int num_k_blocks;
 
+    // Called after the wgmma wait that covers `done`: skipping it (a tile below the last row
+    // of C, uniform over the CTA) leaves no wgmma path around a wait.
     __device__ __forceinline__ void store(Consumer& done, const TileCoord& c) const {
+        if (!walk.stores(c)) return;
         Epilogue::store(done.acc, map_c, smem, consumer, thread,
                         c.m_tile * S::kBlockM + consumer * S::kWgmmaM, c.n_tile * S::kBlockN,
                         c.z);
@@ -73,6 +79,47 @@ struct OverlappedTiles {
     }
 };
 
+// A consumer warpgroup's side of the overlapped kernels: the tiles of `walk` in pairs, alternating
+// between two accumulator sets; ends with Epilogue::finish.
+template <class Cfg, class Consumer, class Epilogue, class Walk>
+__device__ __forceinline__ void overlapped_consumer(const SharedStorage<Cfg>& smem,
+                                                    const TensorMap* map_c, int consumer,
+                                                    int thread, int num_k_blocks,
+                                                    const Walk& walk) {
+    typedef TileShape<Cfg> S;
+    static_assert(2 * S::kRowBlocks * Consumer::kAccRegs <= kMaxDoubleAccumulatorRegs,
+                  "two accumulator sets must fit a consumer's registers");
+    int ring = 0;
+    const OverlappedTiles<Cfg, Consumer, Epilogue, Walk> tiles{smem, map_c, walk, consumer,
+                                                               thread, num_k_blocks};
+    // The two sets by name, so that every accumulator index stays a compile-time constant:
+    // the loop body handles a pair of tiles, `even` then `odd`.
+    Consumer even, odd;
+    // Every path that issued a wgmma reaches one of the two finish() calls (wait_group 0)
+    // inside this block: a path around them made ptxas inject a warpgroup.wait and serialize
+    // every wgmma of the kernel (C7517 / C7514).
+    const int first = walk.first(), stride = walk.stride();
+    if (first < walk.end) {
+        int prev_stage = -1;
+        TileCoord last = walk.coord(first);
+        bool odd_holds_last = false;
+        for (int t = first; t < walk.end; t += 2 * stride) {
+            tiles.tile(even, odd, t != first, last, ring, prev_stage);
+            last = walk.coord(t);
+            odd_holds_last = false;
+            if (t + stride >= walk.end) break;
+            tiles.tile(odd, even, true, last, ring, prev_stage);
+            last = walk.coord(t + stride);
+            odd_holds_last = true;
+        }
+        if (odd_holds_last)
+            tiles.finish(odd, last, prev_stage);
+        else
+            tiles.finish(even, last, prev_stage);
+    }
+    Epilogue::finish(thread);
+}
+
 template <class Cfg, class Producer, class Consumer, class Epilogue>
 __device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
                                                         const TensorMap* map_b,
@@ -80,41 +127,13 @@ __device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
                                                         int batch_offset, int batch_count,
                                                         BatchMap batch_a, BatchMap batch_b,
                                                         GroupedRaster raster) {
-    typedef TileShape<Cfg> S;
-    static_assert(2 * S::kRowBlocks * Consumer::kAccRegs <= kMaxDoubleAccumulatorRegs,
-                  "two accumulator sets must fit a consumer's registers");
     run_persistent<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
         [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int total_tiles,
             int num_k_blocks) {
-            int ring = 0;
-            const OverlappedTiles<Cfg, Consumer, Epilogue> tiles{smem, map_c, consumer, thread,
-                                                                 num_k_blocks};
-            // The two sets by name, so that every accumulator index stays a compile-time
-            // constant: the loop body handles a pair of tiles, `even` then `odd`.
-            Consumer even, odd;
-            // Every path that issued a wgmma reaches one of the two finish() calls
-            // (wait_group 0) inside this block: a path around them made ptxas inject a
-            // warpgroup.wait and serialize every wgmma of the kernel (C7517 / C7514).
-            if ((int)blockIdx.x < total_tiles) {
-                int prev_stage = -1;
-                TileCoord last = raster.batched(blockIdx.x, batch_offset);
-                bool odd_holds_last = false;
-                for (int t = blockIdx.x; t < total_tiles; t += 2 * gridDim.x) {
-                    tiles.tile(even, odd, t != (int)blockIdx.x, last, ring, prev_stage);
-                    last = raster.batched(t, batch_offset);
-                    odd_holds_last = false;
-                    if (t + (int)gridDim.x >= total_tiles) break;
-                    tiles.tile(odd, even, true, last, ring, prev_stage);
-                    last = raster.batched(t + gridDim.x, batch_offset);
-                    odd_holds_last = true;
-                }
-                if (odd_holds_last)
-                    tiles.finish(odd, last, prev_stage);
-                else
-                    tiles.finish(even, last, prev_stage);
-            }
-            Epilogue::finish(thread);
+            overlapped_consumer<Cfg, Consumer, Epilogue>(
+                smem, map_c, consumer, thread, num_k_blocks,
+                CtaTileWalk{raster, batch_offset, total_tiles});
         });
 }
 

@@ -50,6 +50,7 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
             if (gridDim.y > 1) tma_prefetch_map(map_w);
             Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), num_k_blocks,
                                 ring, first_k_block);
+            grid_launch_dependents();  // the last load is issued
         }
     } else {
         setmaxnreg_inc<kConsumerRegs>();

@@ -27,8 +27,10 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
-        if (thread == 0)
+        if (thread == 0) {
             Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), num_k_blocks, ring);
+            grid_launch_dependents();  // the last load is issued
+        }
     } else {
         setmaxnreg_inc<kConsumerRegs>();
         const int consumer = warpgroup - 1;

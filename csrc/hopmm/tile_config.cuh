@@ -142,6 +142,11 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& smem, in
 
 // Rounds the dynamic shared memory up to kSmemAlign, initialises the stage barriers and
 // prefetches the tensor maps (thread 0), then synchronises the CTA: every skeleton's prologue.
+// Launched with programmatic stream serialization (launch.py), the kernel may start while the
+// previous kernel of the stream still runs: this prologue touches only shared memory and the
+// kernel's parameters, and grid_dependency_wait() at its end holds every global-memory access
+// (TMA loads and stores, split-K's workspace) until that kernel's writes are visible. (Each
+// skeleton's producer lets the next kernel be scheduled once it has issued its last load.)
 template <class Cfg>
 __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char* smem_raw,
                                                                    const TensorMap* map_a,
@@ -162,6 +167,7 @@ __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char
         tma_prefetch_map(map_c);
     }
     __syncthreads();
+    grid_dependency_wait();
     return smem;
 }
 
