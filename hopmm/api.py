@@ -210,8 +210,6 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
 
 
 def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
-    import cupy
-
     s = p.shapes
     chosen_at = fastpath.generation
     call = _kernel_call(a, b, s)
@@ -224,7 +222,7 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     if direct:
         c3 = result.reshape(s.batch, s.m, s.n)
     else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
-        c3 = cupy.empty((s.batch, s.m, c_buffer[3]), dtype=result.dtype)[:, :, : s.n]
+        c3 = launch.padded_empty(*c_buffer, result.dtype)
     launches = launch.build_launches(call.choice, call.problem, call.a3, call.a_map, call.b3,
                                      call.b_map, c3)
     launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)

@@ -36,10 +36,9 @@ class OperandCopy:
         return cls(view_of, (copy.shape[0], copy.shape[1], copy.strides[1] // copy.itemsize))
 
     def make(self, x):
-        import cupy
-
         view = self.view_of(x)
-        buf = cupy.empty(self.padded_shape, dtype=x.dtype)[:, :, :view.shape[2]]
+        batch, rows, pitch = self.padded_shape
+        buf = launch.padded_empty(batch, rows, view.shape[2], pitch, x.dtype)
         launch.copy_rows(buf, view)
         return buf
 
@@ -75,8 +74,7 @@ class Recipe:
         if self.c_buffer is None:
             launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, result.data.ptr)
         else:
-            batch, m, n, padded_n = self.c_buffer
-            c3 = cupy.empty((batch, m, padded_n), dtype=self.dtype)[:, :, :n]
+            c3 = launch.padded_empty(*self.c_buffer, self.dtype)
             launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, c3.data.ptr)
             launch.copy_rows(result, c3.reshape(self.out_shape))
         return result

@@ -72,11 +72,16 @@ def copy_rows(dst, src) -> None:
     dst[...] = src
 
 
+def padded_empty(batch: int, rows: int, cols: int, pitch: int, dtype):
+    """An uninitialised (batch, rows, cols) array whose rows lie `pitch` elements apart."""
+    import cupy
+
+    return cupy.empty((batch, rows, pitch), dtype=dtype)[:, :, :cols]
+
+
 def prepare_operand(x3):
     """A (batch, rows, cols) operand as TMA can read it: the array itself when it can, else an
     aligned row-major copy. Returns (array, its contiguous axis "rows" | "cols")."""
-    import cupy
-
     nb, rows, cols = x3.shape
     sb, sr, sc = x3.strides
     major = layout.tma_major((rows, cols), (sr, sc), x3.itemsize, x3.data.ptr)
@@ -85,7 +90,7 @@ def prepare_operand(x3):
         return x3, major
     # Rows of whole cache lines: a TMA box row then never spans two (heuristics.UNALIGNED_B_*).
     pitch = layout.padded(cols, x3.itemsize, LINE_BYTES)
-    buf = cupy.empty((nb, rows, pitch), dtype=x3.dtype)[:, :, :cols]
+    buf = padded_empty(nb, rows, cols, pitch, x3.dtype)
     copy_rows(buf, x3)
     return buf, "cols"
 

@@ -10,30 +10,9 @@
 
 namespace hopmm {
 
-// The producer warpgroup of a persistent kernel: one thread loads the CTA's tiles
-// t = blockIdx.x, blockIdx.x + gridDim.x, ... in order through the stage ring, limited only
-// by free stages (kernel_persistent_overlap.cuh and kernel_pingpong.cuh share it).
-template <class Cfg, class Producer>
-__device__ __forceinline__ void persistent_producer(const TensorMap* map_a, const TensorMap* map_b,
-                                                    const SharedStorage<Cfg>& smem, int thread,
-                                                    int total_tiles, int num_k_blocks,
-                                                    int batch_offset, BatchMap batch_a,
-                                                    BatchMap batch_b, GroupedRaster raster) {
-    typedef TileShape<Cfg> S;
-    setmaxnreg_dec<kProducerRegs>();
-    if (thread != 0) return;
-    int ring = 0;
-    for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-        const TileCoord c = raster.batched(t, batch_offset);
-        Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM, c.n_tile * S::kBlockN,
-                            batch_a(c.z), batch_b(c.z), num_k_blocks, ring);
-    }
-    grid_launch_dependents();  // the last load is issued
-}
-
-// The tiles one CTA of a persistent grid computes, as the consumers walk them: t = first(),
-// first() + stride(), ... below `end`; coord(t) is the tile, stores(c) whether it lies in C.
-// (kernel_persistent_cluster.cuh has the walk of a CTA in a cluster.)
+// The tiles one CTA of a persistent grid computes: t = first(), first() + stride(), ... below
+// `end`; coord(t) is the tile, stores(c) whether it lies in C. The producer and the consumers
+// walk the same sequence (kernel_persistent_cluster.cuh has the walk of a CTA in a cluster).
 struct CtaTileWalk {
     GroupedRaster raster;
     int batch_offset;
@@ -46,10 +25,29 @@ struct CtaTileWalk {
     __device__ __forceinline__ bool stores(const TileCoord&) const { return true; }
 };
 
+// The producer warpgroup of a persistent kernel: one thread loads the CTA's tiles in order
+// through the stage ring, limited only by free stages.
+template <class Cfg, class Producer>
+__device__ __forceinline__ void persistent_producer(const TensorMap* map_a, const TensorMap* map_b,
+                                                    const SharedStorage<Cfg>& smem, int thread,
+                                                    int num_k_blocks, BatchMap batch_a,
+                                                    BatchMap batch_b, const CtaTileWalk& walk) {
+    typedef TileShape<Cfg> S;
+    setmaxnreg_dec<kProducerRegs>();
+    if (thread != 0) return;
+    int ring = 0;
+    for (int t = walk.first(); t < walk.end; t += walk.stride()) {
+        const TileCoord c = walk.coord(t);
+        Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM, c.n_tile * S::kBlockN,
+                            batch_a(c.z), batch_b(c.z), num_k_blocks, ring);
+    }
+    grid_launch_dependents();  // the last load is issued
+}
+
 // What every persistent skeleton shares: the shared-memory setup, the producer warpgroup's tile
 // walk, and setmaxnreg.inc for the consumers. `consumer_side(smem, consumer, thread,
-// total_tiles, num_k_blocks)` is the skeleton's own part, run by each consumer warpgroup
-// (it ends with Epilogue::finish).
+// num_k_blocks, walk)` is the skeleton's own part, run by each consumer warpgroup (it ends with
+// Epilogue::finish).
 template <class Cfg, class Producer, class ConsumerSide>
 __device__ __forceinline__ void run_persistent(const TensorMap* map_a, const TensorMap* map_b,
                                                const TensorMap* map_c, int k, int batch_offset,
@@ -63,16 +61,39 @@ __device__ __forceinline__ void run_persistent(const TensorMap* map_a, const Ten
     const int thread = threadIdx.x % kWarpgroupThreads;
     const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
 
-    const int total_tiles = raster.per_slice() * batch_count;
+    const CtaTileWalk walk{raster, batch_offset, raster.per_slice() * batch_count};
     const int num_k_blocks = S::k_blocks(k);
 
     if (warpgroup == 0) {
-        persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, total_tiles, num_k_blocks,
-                                           batch_offset, batch_a, batch_b, raster);
+        persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, num_k_blocks, batch_a,
+                                           batch_b, walk);
     } else {
         setmaxnreg_inc<kConsumerRegs>();
-        consumer_side(smem, warpgroup - 1, thread, total_tiles, num_k_blocks);
+        consumer_side(smem, warpgroup - 1, thread, num_k_blocks, walk);
     }
+}
+
+// A consumer warpgroup's side of the single-accumulator-set persistent kernels, over any tile
+// walk: each tile's main loop, then its epilogue; ends with Epilogue::finish.
+template <class Cfg, class Consumer, class Epilogue, class Walk>
+__device__ __forceinline__ void persistent_consumer(const SharedStorage<Cfg>& smem,
+                                                    const TensorMap* map_c, int consumer,
+                                                    int thread, int num_k_blocks,
+                                                    const Walk& walk) {
+    typedef TileShape<Cfg> S;
+    Consumer consumer_state;
+    int ring = 0;
+    for (int t = walk.first(); t < walk.end; t += walk.stride()) {
+        const TileCoord c = walk.coord(t);
+        consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
+        // A tile below the last row of C (a cluster's spare CTA) is computed, not stored: the
+        // branch is uniform over the CTA, and the epilogue's barriers are per consumer.
+        if (walk.stores(c))
+            Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
+                            c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
+                            c.n_tile * S::kBlockN, c.z);
+    }
+    Epilogue::finish(thread);
 }
 
 template <class Cfg, class Producer, class Consumer, class Epilogue>
@@ -80,21 +101,12 @@ __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const Te
                                                 const TensorMap* map_c, int k, int batch_offset,
                                                 int batch_count, BatchMap batch_a,
                                                 BatchMap batch_b, GroupedRaster raster) {
-    typedef TileShape<Cfg> S;
     run_persistent<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
-        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int total_tiles,
-            int num_k_blocks) {
-            Consumer consumer_state;
-            int ring = 0;
-            for (int t = blockIdx.x; t < total_tiles; t += gridDim.x) {
-                const TileCoord c = raster.batched(t, batch_offset);
-                consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
-                Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                                c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
-                                c.n_tile * S::kBlockN, c.z);
-            }
-            Epilogue::finish(thread);
+        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int num_k_blocks,
+            const CtaTileWalk& walk) {
+            persistent_consumer<Cfg, Consumer, Epilogue>(smem, map_c, consumer, thread,
+                                                         num_k_blocks, walk);
         });
 }
 

@@ -16,8 +16,7 @@
 // multicast into this CTA, and no CTA exits before the peers are done with its shared
 // memory (a second cluster barrier at the end).
 #pragma once
-#include "tile_config.cuh"
-#include "tile_raster.cuh"
+#include "kernel_persistent.cuh"
 
 namespace hopmm {
 
@@ -114,19 +113,8 @@ __device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
         [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int num_k_blocks,
             const ClusterTileWalk<S::kClusterSize>& walk) {
-            Consumer consumer_state;
-            int ring = 0;
-            for (int p = walk.first(); p < walk.end; p += walk.stride()) {
-                const TileCoord c = walk.coord(p);
-                consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
-                // The whole tile is below the last row of C: nothing to store (the branch is
-                // uniform over the CTA, and the epilogue's barriers are per consumer).
-                if (walk.stores(c))
-                    Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                                    c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
-                                    c.n_tile * S::kBlockN, c.z);
-            }
-            Epilogue::finish(thread);
+            persistent_consumer<Cfg, Consumer, Epilogue>(smem, map_c, consumer, thread,
+                                                         num_k_blocks, walk);
         });
 }
 

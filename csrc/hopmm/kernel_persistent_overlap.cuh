@@ -129,11 +129,10 @@ __device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
                                                         GroupedRaster raster) {
     run_persistent<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
-        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int total_tiles,
-            int num_k_blocks) {
-            overlapped_consumer<Cfg, Consumer, Epilogue>(
-                smem, map_c, consumer, thread, num_k_blocks,
-                CtaTileWalk{raster, batch_offset, total_tiles});
+        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int num_k_blocks,
+            const CtaTileWalk& walk) {
+            overlapped_consumer<Cfg, Consumer, Epilogue>(smem, map_c, consumer, thread,
+                                                         num_k_blocks, walk);
         });
 }
 

@@ -33,15 +33,15 @@ __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const Tens
                   "a consumer's accumulators must fit its registers");
     run_persistent<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
-        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int total_tiles,
-            int num_k_blocks) {
-            TensorCoreTurns::hand_first_turn(consumer, (int)blockIdx.x < total_tiles);
-            const int ctas = gridDim.x;
+        [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int num_k_blocks,
+            const CtaTileWalk& walk) {
+            TensorCoreTurns::hand_first_turn(consumer, walk.first() < walk.end);
+            const int ctas = walk.stride();
             Consumer consumer_state;
             int ring = consumer * num_k_blocks;  // consumer 1 starts at the CTA's second tile
-            for (int t = blockIdx.x + consumer * ctas; t < total_tiles; t += 2 * ctas) {
-                const TileCoord c = raster.batched(t, batch_offset);
-                const TensorCoreTurns turns(consumer, t + ctas < total_tiles);
+            for (int t = walk.first() + consumer * ctas; t < walk.end; t += 2 * ctas) {
+                const TileCoord c = walk.coord(t);
+                const TensorCoreTurns turns(consumer, t + ctas < walk.end);
                 consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0, turns);
                 ring += num_k_blocks;  // the other consumer's next tile
                 Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
