@@ -69,7 +69,8 @@ def test_barrier_protocol_in_the_source():
     assert skeleton.rstrip().endswith("cluster_sync();")
     # no store past the last M tile
     assert "return c.m_tile < tiles_m;" in _body(src, "struct ClusterTileWalk", "};")
-    assert "if (walk.stores(c))" in _body(src, "void persistent_cluster_gemm(", "\n}\n")
+    assert "persistent_consumer<" in _body(src, "void persistent_cluster_gemm(", "\n}\n")
+    assert "if (walk.stores(c))" in _body(src, "void persistent_consumer(", "\n}\n")
 
 
 def test_shared_operand_box_is_a_slice_of_the_tile():
