@@ -21,6 +21,10 @@ Method (each choice was checked on an H100):
     same function entered twice agreed within 1-4%.
   * every contestant writes into a preallocated output (out=), so no one pays
     for an allocation.
+  * the GPU's state is read through NVML after every round: the SM clock,
+    power draw and temperature the shape ran at (the MHz/W column).  Under
+    sustained GEMM load an H100 sits at its power limit with the SM clock far
+    below its maximum, so the ratios are then ratios of work per joule.
 
 Output: <out>/bench-<date>-<device>.json (metadata + one row per shape and
 dtype), a PNG chart next to it, and an aligned table printed last.
@@ -75,6 +79,11 @@ HOST_CALLS = 2000  # calls averaged for host_us
 HOST_US_MAX_MNK = 4 * 1024**3  # "small" shapes get host_us: up to 512x512x16384
 
 SEED = 20240901  # fixed so runs are reproducible; the data is never all zeros
+
+NVML_LIBRARY = "libnvidia-ml.so.1"  # part of the driver, like libcuda
+NVML_CLOCK_SM = 1                   # nvmlClockType_t
+NVML_TEMPERATURE_GPU = 0            # nvmlTemperatureSensors_t
+MILLI = 1e-3                        # NVML reports power in mW
 
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
                  "float16": "fp16", "half": "fp16"}
@@ -189,7 +198,22 @@ def error_row(shape, dtype: str, error: str) -> dict:
     return {"shape": shape_label(shape), "m": m, "n": n, "k": k, "dtype": dtype,
             "ok": False, "error": error, "rel_err": None,
             "rel_err_limit": REL_ERR_LIMITS[dtype], "tflops": {}, "host_us": None,
+            "gpu_state": None,
             **speed_ratios({})}
+
+
+def summarize_gpu_state(samples: list[dict]) -> dict | None:
+    """Median SM clock and power and the highest temperature over one shape's
+    readings (a reading may lack a field NVML would not give); None without any."""
+    def values(key):
+        return [x[key] for x in samples if x.get(key) is not None]
+
+    clocks, power, temps = values("sm_mhz"), values("power_w"), values("temp_c")
+    if not (clocks or power or temps):
+        return None
+    return {"sm_mhz": statistics.median(clocks) if clocks else None,
+            "power_w": statistics.median(power) if power else None,
+            "temp_c": max(temps) if temps else None, "readings": len(samples)}
 
 
 # ------------------------------------------------------------------ table
@@ -205,8 +229,15 @@ def _rel_err_cell(row: dict) -> str:
     return cell if row.get("ok", True) else cell + " FAIL"
 
 
+def _gpu_state_cell(state) -> str:
+    """'1305/699' (SM MHz / W) for the table; '-' where unknown."""
+    if not state:
+        return "-"
+    return f"{_fmt(state.get('sm_mhz'), '.0f')}/{_fmt(state.get('power_w'), '.0f')}"
+
+
 TABLE_COLUMNS = ("shape", "dtype", "hopmm TFLOP/s", "cupy TFLOP/s", "torch TFLOP/s",
-                 "hopmm/cupy", "hopmm/best", "rel_err", "host_us")
+                 "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "MHz/W")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -218,7 +249,7 @@ def format_table(rows: list[dict]) -> str:
         body.append((r["shape"], r["dtype"], _fmt(tf.get("hopmm"), ".1f"),
                      _fmt(tf.get("cupy"), ".1f"), _fmt(tf.get("torch"), ".1f"),
                      _fmt(r.get("hopmm_vs_cupy"), ".3f"), _fmt(r.get("hopmm_vs_best"), ".3f"),
-                     _rel_err_cell(r), _fmt(host, ".1f")))
+                     _rel_err_cell(r), _fmt(host, ".1f"), _gpu_state_cell(r.get("gpu_state"))))
     widths = [max(len(c) for c in col) for col in zip(TABLE_COLUMNS, *body)]
     left_aligned = 2  # shape and dtype
 
@@ -346,6 +377,43 @@ def parse_args(argv=None) -> argparse.Namespace:
 # ============================================================ GPU section
 # Everything below needs CuPy and a GPU; the GPU modules are imported lazily.
 
+class GpuState:
+    """The benchmarked GPU's SM clock, power draw and temperature through NVML
+    (ctypes on the driver's library: no extra package)."""
+
+    def __init__(self, lib, handle):
+        self.lib, self.handle = lib, handle
+
+    @classmethod
+    def open(cls, pci_bus_id: str, library: str = NVML_LIBRARY) -> "GpuState":
+        """OSError, saying why, where NVML or the device cannot be had."""
+        import ctypes
+        lib = ctypes.CDLL(library)  # OSError if the library is missing
+        handle = ctypes.c_void_p()
+        rc = lib.nvmlInit_v2()
+        if rc == 0:
+            rc = lib.nvmlDeviceGetHandleByPciBusId_v2(pci_bus_id.encode(), ctypes.byref(handle))
+        if rc != 0:
+            raise OSError(f"NVML error {rc} for the device at PCI bus id {pci_bus_id}")
+        return cls(lib, handle)
+
+    def _read(self, fn, *args) -> int | None:
+        import ctypes
+        value = ctypes.c_uint()
+        return value.value if fn(self.handle, *args, ctypes.byref(value)) == 0 else None
+
+    def read(self) -> dict:
+        power_mw = self._read(self.lib.nvmlDeviceGetPowerUsage)
+        return {"sm_mhz": self._read(self.lib.nvmlDeviceGetClockInfo, NVML_CLOCK_SM),
+                "power_w": None if power_mw is None else power_mw * MILLI,
+                "temp_c": self._read(self.lib.nvmlDeviceGetTemperature, NVML_TEMPERATURE_GPU)}
+
+    def limits(self) -> dict:
+        limit_mw = self._read(self.lib.nvmlDeviceGetEnforcedPowerLimit)
+        return {"power_limit_w": None if limit_mw is None else limit_mw * MILLI,
+                "max_sm_mhz": self._read(self.lib.nvmlDeviceGetMaxClockInfo, NVML_CLOCK_SM)}
+
+
 class Contestant:
     """One implementation: a launch function and its per-input-set arguments."""
 
@@ -366,6 +434,10 @@ class Context:
         self.props = cupy.cuda.runtime.getDeviceProperties(dev.id)
         self.l2_bytes = int(self.props.get("l2CacheSize") or L2_FALLBACK_BYTES)
         self.torch, self.torch_note = (self._import_torch() if use_torch else (None, "disabled by --no-torch"))
+        try:
+            self.gpu_state, self.gpu_state_note = GpuState.open(dev.pci_bus_id), None
+        except OSError as e:  # the run goes on without the MHz/W column
+            self.gpu_state, self.gpu_state_note = None, str(e)
 
     def _import_torch(self):
         try:
@@ -535,9 +607,13 @@ def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int) -> 
 
     warm_up(ctx, contestants, warmup_s)
     per_launch = {c.name: [] for c in contestants}
+    readings = []
     for order in rotation_orders(contestants, rounds):
         for c in order:
             per_launch[c.name].append(time_contestant(ctx, c, c.launches))
+        if ctx.gpu_state:
+            readings.append(ctx.gpu_state.read())
+    row["gpu_state"] = summarize_gpu_state(readings)
 
     medians = {name: statistics.median(ts) for name, ts in per_launch.items()}
     row["tflops"] = {name: tflops(m, n, k, t) for name, t in medians.items()}
@@ -583,6 +659,8 @@ def collect_metadata(ctx: Context, args, argv) -> dict:
                      "target_timing_s": TARGET_TIMING_S, "host_calls": HOST_CALLS,
                      "seed": SEED, "outputs": "preallocated, out="},
     }
+    meta["gpu_state"] = (ctx.gpu_state.limits() if ctx.gpu_state
+                         else f"not read: {ctx.gpu_state_note}")
     if torch is not None:  # these change which cuBLAS kernels torch may pick
         meta["torch_matmul_flags"] = {f: _torch_flag(torch, f) for f in TORCH_MATMUL_FLAGS}
     return meta
@@ -602,6 +680,8 @@ def main(argv=None) -> int:
     meta = collect_metadata(ctx, args, argv)
     if ctx.torch_note:
         print(f"note: torch contestant skipped: {ctx.torch_note}")
+    if ctx.gpu_state_note:
+        print(f"note: GPU clock and power not read: {ctx.gpu_state_note}")
     stamp = datetime.datetime.now().strftime("%Y-%m-%dT%H%M%S")
     stem = Path(args.out) / f"bench-{stamp}-{device_slug(meta['device'])}"
     json_path = stem.with_suffix(".json")

@@ -156,11 +156,62 @@ def test_format_table_columns_and_alignment():
     lines = text.splitlines()
     assert lines[0] == bench.TABLE_TITLE
     for column in ("shape", "dtype", "hopmm TFLOP/s", "cupy TFLOP/s", "torch TFLOP/s",
-                   "hopmm/cupy", "hopmm/best", "rel_err", "host_us"):
+                   "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "MHz/W"):
         assert column in lines[1]
     assert len({len(line) for line in lines[1:]}) == 1  # aligned: equal widths
     assert "4096x4096x4096" in text and "714.0" in text and "6.5" in text
     assert "ERROR" in lines[-2] and "FAIL" in lines[-1]
+
+
+def test_format_table_shows_clock_and_power():
+    rows = fake_rows()[:2]
+    rows[0]["gpu_state"] = {"sm_mhz": 1305.0, "power_w": 699.4, "temp_c": 77, "readings": 9}
+    rows[1]["gpu_state"] = {"sm_mhz": 1980.0, "power_w": None, "temp_c": None, "readings": 1}
+    lines = bench.format_table(rows).splitlines()
+    assert lines[3].endswith("1305/699") and lines[4].endswith("1980/-")
+
+
+# ------------------------------------------------------------ GPU state
+def test_summarize_gpu_state_medians_and_hottest():
+    samples = [{"sm_mhz": 1300, "power_w": 700.0, "temp_c": 75},
+               {"sm_mhz": 1500, "power_w": 650.0, "temp_c": 78},
+               {"sm_mhz": 1350, "power_w": None, "temp_c": 76}]
+    assert bench.summarize_gpu_state(samples) == {"sm_mhz": 1350, "power_w": 675.0,
+                                                  "temp_c": 78, "readings": 3}
+    assert bench.summarize_gpu_state([]) is None
+    assert bench.summarize_gpu_state([{"sm_mhz": None, "power_w": None, "temp_c": None}]) is None
+
+
+class FakeNvml:
+    """NVML's calling convention: status 0 and the value through the last pointer."""
+
+    def __init__(self, values):
+        self.values = values  # name -> value, or None for an error status
+
+    def __getattr__(self, name):
+        def call(handle, *args):
+            value = self.values[name]
+            if value is None:
+                return 999  # NVML_ERROR_UNKNOWN
+            args[-1]._obj.value = value
+            return 0
+        return call
+
+
+def test_gpu_state_reads_and_converts_units():
+    lib = FakeNvml({"nvmlDeviceGetPowerUsage": 699500, "nvmlDeviceGetClockInfo": 1305,
+                    "nvmlDeviceGetTemperature": 77, "nvmlDeviceGetEnforcedPowerLimit": 700000,
+                    "nvmlDeviceGetMaxClockInfo": 1980})
+    state = bench.GpuState(lib, handle=None)
+    assert state.read() == {"sm_mhz": 1305, "power_w": pytest.approx(699.5), "temp_c": 77}
+    assert state.limits() == {"power_limit_w": pytest.approx(700.0), "max_sm_mhz": 1980}
+    lib.values["nvmlDeviceGetPowerUsage"] = None  # e.g. not supported on this board
+    assert state.read()["power_w"] is None and state.read()["sm_mhz"] == 1305
+
+
+def test_gpu_state_open_without_nvml_says_why():
+    with pytest.raises(OSError):
+        bench.GpuState.open("0000:00:00.0", library="libhopmm-no-such-nvml.so")
 
 
 # ---------------------------------------------------------------- JSON
