@@ -16,9 +16,12 @@ Method (each choice was checked on an H100):
   * one timing = CUDA events around n back-to-back launches (no sync between
     them; a sync per call badly understates small shapes), n chosen so that a
     timing lasts ~30 ms; time per launch = elapsed / n.
-  * rounds: each contestant is timed once per round, with the order rotated
-    round by round; the median over rounds is reported.  Timed this way the
-    same function entered twice agreed within 1-4%.
+  * rounds: each contestant is timed once per round, the rounds running
+    through every order of the contestants in turn, so each takes every slot
+    and follows each other one equally often (under the power limit a timing
+    may depend on what ran just before it); the median over rounds is
+    reported.  Timed this way the same function entered twice agreed within
+    1-4%.
   * every contestant writes into a preallocated output (out=), so no one pays
     for an allocation.
   * the GPU's state is read through NVML after every round: the SM clock,
@@ -36,6 +39,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import math
 import os
@@ -61,8 +65,8 @@ DEFAULT_OUT = "bench/results"
 # well inside the 5-minute budget of the default run.
 DEFAULT_WARMUP_S = 2.0
 QUICK_WARMUP_S = 0.5
-DEFAULT_ROUNDS = 9  # a multiple of 3: each of 3 contestants takes each slot equally often
-QUICK_ROUNDS = 5
+DEFAULT_ROUNDS = 12  # a multiple of 3! = 6: every order of three contestants, twice
+QUICK_ROUNDS = 6
 
 TARGET_TIMING_S = 0.03  # one event-timed batch; 20-50 ms hides launch gaps and event resolution
 PROBE_FRACTION = 4  # the calibration probe stops once a batch reaches TARGET / this
@@ -158,10 +162,14 @@ def rotated(items, r: int) -> list:
     return items[r % len(items):] + items[:r % len(items)]
 
 
-def rotation_orders(items, rounds: int) -> list[list]:
-    """Each contestant runs once per round and takes every slot in turn, so a
-    slot bias (e.g. running right after a slower kernel) hits everyone alike."""
-    return [rotated(items, r) for r in range(rounds)]
+def permutation_orders(items, rounds: int) -> list[list]:
+    """Round r runs the r-th order of the contestants (all orders in turn): over
+    a multiple of len(items)! rounds each contestant takes every slot, and
+    follows each other one, equally often, so a bias of slot or predecessor
+    hits everyone alike.  (A plain rotation ABC, BCA, CAB balances the slots
+    but lets A always follow C.)"""
+    orders = list(itertools.permutations(items))
+    return [list(orders[r % len(orders)]) for r in range(rounds)]
 
 
 def launches_for(per_launch_s: float) -> int:
@@ -608,7 +616,7 @@ def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int) -> 
     warm_up(ctx, contestants, warmup_s)
     per_launch = {c.name: [] for c in contestants}
     readings = []
-    for order in rotation_orders(contestants, rounds):
+    for order in permutation_orders(contestants, rounds):
         for c in order:
             per_launch[c.name].append(time_contestant(ctx, c, c.launches))
         if ctx.gpu_state:

@@ -2,8 +2,26 @@
 input sets, implementations interleaved round by round, medians over rounds."""
 from __future__ import annotations
 
+import random
 import statistics
 import time
+
+# Each round runs the contestants in a fresh random order. Under the GPU's power limit a timing
+# may depend on what ran just before it: in a cyclic rotation, where every contestant always
+# follows the same one, identical kernels read 1-3 % apart by their place (H100,
+# bench/NOTES.md v0.8). Seeded, so a run is repeatable.
+ORDER_SEED = 20261123
+
+
+def round_orders(names, rounds: int, seed: int = ORDER_SEED) -> list[list]:
+    """One random permutation of `names` per round."""
+    rng = random.Random(seed)
+    orders = []
+    for _ in range(rounds):
+        order = list(names)
+        rng.shuffle(order)
+        orders.append(order)
+    return orders
 
 
 def time_per_call(fn, inputs, launches: int) -> float:
@@ -21,7 +39,7 @@ def time_per_call(fn, inputs, launches: int) -> float:
 
 def interleaved_medians(contestants: dict, inputs, rounds: int, warmup_s: float,
                         target_s: float = 0.02) -> dict:
-    """{name: median seconds per call}; the contestants' order rotates every round."""
+    """{name: median seconds per call}; the contestants run in a new order every round."""
     names = list(contestants)
     deadline = time.perf_counter() + warmup_s
     while time.perf_counter() < deadline:
@@ -32,7 +50,7 @@ def interleaved_medians(contestants: dict, inputs, rounds: int, warmup_s: float,
         t = time_per_call(contestants[name], inputs, len(inputs))
         launches[name] = max(len(inputs), int(target_s / max(t, 1e-7)))
     samples = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[: r % len(names)]:
+    for order in round_orders(names, rounds):
+        for name in order:
             samples[name].append(time_per_call(contestants[name], inputs, launches[name]))
     return {name: statistics.median(v) for name, v in samples.items()}

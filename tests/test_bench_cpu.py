@@ -90,21 +90,23 @@ def test_default_run_fits_time_budget():
 
 # ----------------------------------------------------------- rotation
 @pytest.mark.parametrize("names", [("hopmm", "cupy", "torch"), ("hopmm", "cupy")])
-def test_rotation_every_contestant_each_round_and_each_position(names):
-    rounds = 3 * len(names)
-    orders = bench.rotation_orders(names, rounds)
-    assert len(orders) == rounds
-    assert orders[0] == list(names) and orders[1] == list(names[1:]) + [names[0]]
+def test_rounds_balance_slots_and_predecessors(names):
+    rounds = 2 * math.factorial(len(names))
+    orders = bench.permutation_orders(names, rounds)
+    assert len(orders) == rounds and orders[0] == list(names)
     for order in orders:
         assert sorted(order) == sorted(names)
     for pos in range(len(names)):
         counts = Counter(order[pos] for order in orders)
-        assert set(counts) == set(names)
-        assert len(set(counts.values())) == 1  # a multiple of len(names) rounds: equal share
+        assert set(counts) == set(names) and len(set(counts.values())) == 1
+    for name in names:  # who ran just before `name` in the same round
+        before = Counter(order[order.index(name) - 1] for order in orders if order[0] != name)
+        assert set(before) == set(names) - {name} and len(set(before.values())) == 1
 
 
-def test_default_rounds_balance_three_contestants():
-    assert bench.DEFAULT_ROUNDS % len(bench.CONTESTANTS) == 0
+def test_default_rounds_run_every_order_of_three():
+    assert bench.DEFAULT_ROUNDS % math.factorial(len(bench.CONTESTANTS)) == 0
+    assert bench.QUICK_ROUNDS % math.factorial(len(bench.CONTESTANTS)) == 0
 
 
 # ------------------------------------------------------ sizing, ratios
