@@ -15,6 +15,15 @@ from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig,
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
 # rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
 RASTER_GROUP_M = 16
+# persistent_overlap (128 x 192) in groups of 4 instead: on a hot H100 (bench/NOTES.md v0.8,
+# random round orders, three or more passes each) +3-4 % on 8192 x 28672 x 4096, +1.4-3.3 % on
+# 4096 x 28672 x 8192, +0.8-2.6 % on 8192³, +0.5-1 % on 4096 x 8192 x 28672; within ±1 % on
+# 6144³, 8192 x 8192 x 1024, 2048 x 8192 x 8192 and 4096³, and ±2 % with no consistent sign on
+# 4096 x 14336 x 4096. Measured, not yet explained: a wave then spans 33 N tiles, so B's rows
+# are read in 12 KB runs rather than 3 KB ones, though the wave draws more DRAM traffic. The
+# other schedules showed no such gain (persistent 128 x 256 level, persistent_cluster 1 %
+# worse at 3000³) and keep 16.
+RASTER_GROUP_M_OVERLAP = 4
 
 # Split-K (SplitKSchedule). It pays when the output has too few tiles to give every SM work
 # and K is long: idle SMs then take slices of K. Its cost is a serial hand-off per split
@@ -140,7 +149,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo, forced: bool) -> Choic
     splits = split_count(problem, cfg, device, forced)
     if not forced and splits < 2:
         return None
-    group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
+    group = _raster_group(problem, RASTER_GROUP_M)
     why = (f"split_k: {tiles} tiles of 128x128 for {device.sm_count} SMs, {k_blocks} k-blocks "
            f"in {splits} splits ({k_blocks // splits}-{-(-k_blocks // splits)} k-blocks each, "
            f"reduced in order through an fp32 workspace); {cfg.stages} stages fit in "
@@ -158,7 +167,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         if schedule is not None:
             raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared "
                                f"memory per block is too little for split-K's 128x128 tile")
-    group = min(RASTER_GROUP_M, -(-problem.m // BLOCK_M))
+    group = _raster_group(problem, RASTER_GROUP_M)
     if schedule is None and problem.trans_b and not problem.b_pitch_aligned:
         picked = _fastest_width(UNALIGNED_B_SCHEDULE, problem, device)
         if picked is not None and picked[0].stages >= FAST_STAGES:
@@ -183,7 +192,14 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
             why += ("; two accumulator sets per consumer, so each tile's epilogue overlaps the "
                     "next tile's first k-block")
             sched, cfg = PersistentOverlapSchedule, overlap
+    if sched is PersistentOverlapSchedule:
+        group = _raster_group(problem, RASTER_GROUP_M_OVERLAP)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
+
+
+def _raster_group(problem: Problem, group_m: int) -> int:
+    """`group_m` M-tiles per raster group, or all of them where there are fewer."""
+    return min(group_m, -(-problem.m // BLOCK_M))
 
 
 def _fastest_width(sched, problem: Problem, device: DeviceInfo):

@@ -24,9 +24,7 @@ from .problem import KERNEL_DTYPES, Problem
 from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
-# 4 ran 1-2 % ahead of the heuristic's 16 on 4096 x 28672 x 8192 and 8192³ (persistent_overlap
-# 192), 1 % behind on 3000³ (persistent_cluster) and level within noise elsewhere (H100,
-# bench/NOTES.md v0.8): a candidate, not the default.
+# 4 is persistent_overlap's default (heuristics.RASTER_GROUP_M_OVERLAP), 16 the others'.
 RASTER_GROUPS = (4, 8, 16, 32)
 # Split counts tried for the split-K schedule (those within its co-residency bound).
 SPLIT_COUNTS = (2, 4, 8, 16)

@@ -73,8 +73,17 @@ def test_problem_validates(field, value):
 
 
 def test_raster_groups_m_tiles():
-    assert choose(4096, 28672, 8192).raster_group == heuristics.RASTER_GROUP_M
+    assert choose(4096, 14336, 4096).raster_group == heuristics.RASTER_GROUP_M  # persistent
     assert choose(100, 28672, 8192).raster_group == 1
+
+
+@pytest.mark.parametrize("schedule", [None, "persistent_overlap"])
+def test_overlap_schedule_takes_its_own_raster_group(schedule):
+    c = choose(4096, 28672, 8192, schedule=schedule)
+    assert c.schedule.name == "persistent_overlap"
+    assert c.raster_group == heuristics.RASTER_GROUP_M_OVERLAP != heuristics.RASTER_GROUP_M
+    assert f"groups of {heuristics.RASTER_GROUP_M_OVERLAP} M-tiles" in c.reason
+    assert choose(256, 28672, 8192, schedule=schedule).raster_group == 2  # only 2 M tiles
 
 
 def test_schedule_by_name():
