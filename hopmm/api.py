@@ -240,7 +240,8 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     if recipe_key is not None and not overlapping and None not in copies.values():
         fastpath.remember(recipe_key, fastpath.Recipe(
             s.out_shape, result.dtype, launches, fastpath.relative_bounds(a),
-            fastpath.relative_bounds(b), copies.get("a"), copies.get("b"), c_buffer), chosen_at)
+            fastpath.relative_bounds(b), copies.get("a"), copies.get("b"), c_buffer,
+            fastpath.relative_bounds(result) if user_out else None), chosen_at)
 
 
 def _overlap(x, y) -> bool:

@@ -54,6 +54,9 @@ class Recipe:
     b_copy: OperandCopy | None = None
     # (batch, m, n, padded n): the kernel stores into an aligned buffer, then one copy
     c_buffer: tuple | None = None
+    # Byte bounds of the caller's out relative to its base pointer (fixed: the key holds out's
+    # shape and strides); None for a recipe of calls without out.
+    out_bounds: tuple | None = None
 
     def run(self, a, b, out):
         """The result, or None when this call must take the full path (out overlaps)."""
@@ -63,7 +66,9 @@ class Recipe:
         if out is None:
             result = cupy.empty(self.out_shape, dtype=self.dtype)
         else:
-            o = byte_bounds(out.data.ptr, out.shape, out.strides, out.itemsize)
+            o_ptr = out.data.ptr
+            rel = self.out_bounds or relative_bounds(out)
+            o = (o_ptr + rel[0], o_ptr + rel[1])
             if (overlaps(o, (a_ptr + self.a_bounds[0], a_ptr + self.a_bounds[1]))
                     or overlaps(o, (b_ptr + self.b_bounds[0], b_ptr + self.b_bounds[1]))):
                 return None
