@@ -55,7 +55,8 @@ class Recipe:
     # (batch, m, n, padded n): the kernel stores into an aligned buffer, then one copy
     c_buffer: tuple | None = None
     # Byte bounds of the caller's out relative to its base pointer (fixed: the key holds out's
-    # shape and strides); None for a recipe of calls without out.
+    # shape and strides); None for a recipe of calls without out, whose key never matches a
+    # call with one.
     out_bounds: tuple | None = None
 
     def run(self, a, b, out):
@@ -66,9 +67,8 @@ class Recipe:
         if out is None:
             result = cupy.empty(self.out_shape, dtype=self.dtype)
         else:
-            o_ptr = out.data.ptr
-            rel = self.out_bounds or relative_bounds(out)
-            o = (o_ptr + rel[0], o_ptr + rel[1])
+            o_ptr, (lo, hi) = out.data.ptr, self.out_bounds
+            o = (o_ptr + lo, o_ptr + hi)
             if (overlaps(o, (a_ptr + self.a_bounds[0], a_ptr + self.a_bounds[1]))
                     or overlaps(o, (b_ptr + self.b_bounds[0], b_ptr + self.b_bounds[1]))):
                 return None

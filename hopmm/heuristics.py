@@ -149,7 +149,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo, forced: bool) -> Choic
     splits = split_count(problem, cfg, device, forced)
     if not forced and splits < 2:
         return None
-    group = _raster_group(problem, RASTER_GROUP_M)
+    group = _raster_group(problem, SplitKSchedule)
     why = (f"split_k: {tiles} tiles of 128x128 for {device.sm_count} SMs, {k_blocks} k-blocks "
            f"in {splits} splits ({k_blocks // splits}-{-(-k_blocks // splits)} k-blocks each, "
            f"reduced in order through an fp32 workspace); {cfg.stages} stages fit in "
@@ -167,7 +167,6 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         if schedule is not None:
             raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared "
                                f"memory per block is too little for split-K's 128x128 tile")
-    group = _raster_group(problem, RASTER_GROUP_M)
     if schedule is None and problem.trans_b and not problem.b_pitch_aligned:
         picked = _fastest_width(UNALIGNED_B_SCHEDULE, problem, device)
         if picked is not None and picked[0].stages >= FAST_STAGES:
@@ -175,6 +174,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
             why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
                    f"spans two cache lines: clusters of {UNALIGNED_B_SCHEDULE.cluster_size} CTAs "
                    f"share each B tile and load it once; {why}")
+            group = _raster_group(problem, UNALIGNED_B_SCHEDULE)
             return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
                           group)
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
@@ -192,13 +192,14 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
             why += ("; two accumulator sets per consumer, so each tile's epilogue overlaps the "
                     "next tile's first k-block")
             sched, cfg = PersistentOverlapSchedule, overlap
-    if sched is PersistentOverlapSchedule:
-        group = _raster_group(problem, RASTER_GROUP_M_OVERLAP)
+    group = _raster_group(problem, sched)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
-def _raster_group(problem: Problem, group_m: int) -> int:
-    """`group_m` M-tiles per raster group, or all of them where there are fewer."""
+def _raster_group(problem: Problem, sched) -> int:
+    """M-tiles per raster group for `sched` (RASTER_GROUP_M, or RASTER_GROUP_M_OVERLAP for
+    persistent_overlap), or all of them where there are fewer."""
+    group_m = RASTER_GROUP_M_OVERLAP if sched is PersistentOverlapSchedule else RASTER_GROUP_M
     return min(group_m, -(-problem.m // BLOCK_M))
 
 
