@@ -645,6 +645,20 @@ def _torch_flag(torch, name):
         return f"unavailable ({type(e).__name__})"
 
 
+# The output folder a GPU machine gives its command (bench/device_check.sh passes it as
+# --out "$OUT"): the recorded command names it $OUT, so no machine's path enters the results.
+OUT_ENV = "OUT"
+
+
+def command_line(argv: list[str]) -> str:
+    """The bench command as it is recorded in the results' metadata."""
+    words = [shlex.quote(a) for a in ["bench/bench.py", *argv]]
+    out = os.environ.get(OUT_ENV, "").rstrip("/")
+    if out:
+        words = [w.replace(out, "$" + OUT_ENV) for w in words]
+    return "python " + " ".join(words)
+
+
 def collect_metadata(ctx: Context, args, argv) -> dict:
     cp, torch = ctx.cupy, ctx.torch
     name = ctx.props["name"]
@@ -655,7 +669,7 @@ def collect_metadata(ctx: Context, args, argv) -> dict:
         "compute_capability": f"{ctx.props['major']}.{ctx.props['minor']}",
         "l2_bytes": ctx.l2_bytes,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": "python " + shlex.join(["bench/bench.py", *(sys.argv[1:] if argv is None else argv)]),
+        "command": command_line(sys.argv[1:] if argv is None else argv),
         "python": platform.python_version(),
         "cupy": cp.__version__,
         "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),

@@ -35,6 +35,17 @@ def fake_rows():
     return rows
 
 
+# ------------------------------------------------------------ metadata
+def test_command_line_names_the_machine_output_folder_by_its_variable(monkeypatch):
+    monkeypatch.setenv("OUT", "/scratch/out/")
+    assert (bench.command_line(["--out", "/scratch/out", "--rounds", "6"])
+            == "python bench/bench.py --out $OUT --rounds 6")
+    assert bench.command_line(["--out", "/scratch/out/probe"]) == "python bench/bench.py --out $OUT/probe"
+    monkeypatch.delenv("OUT")
+    assert (bench.command_line(["--out", "/scratch/out", "--shapes", "a b"])
+            == "python bench/bench.py --out /scratch/out --shapes 'a b'")
+
+
 # ------------------------------------------------------------ parsing
 @pytest.mark.parametrize("text, expected", [
     ("8192x8192x8192", (8192, 8192, 8192)),
