@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, KernelConfig,
+from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, KernelConfig,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
                         PersistentSchedule, SplitKSchedule)
 
@@ -56,20 +56,34 @@ class Choice:
     splits: int = 1         # CTAs per output tile along K (split_k only)
 
 
-# Relative main-loop speed of one SM per tile width. A narrower tile reads more of A and B
-# per flop, but leaves room for more stages. Autotune tables on an H100 (bench/NOTES.md, v0.5,
-# v0.6): 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both filled the SMs equally;
-# 192 ran level with 256 or ahead (v0.5, 4 stages against 3: up to 2 %; v0.6, 4 stages each:
-# 6144³, 9 tile-times either way, 693 against 658). Rated a hair faster, so that it wins ties.
-TILE_WIDTH_SPEED = {256: 1.0, 192: 1.01, 128: 0.90}
+# Relative main-loop speed of one SM per tile shape (block_m, block_n). A narrower tile reads
+# more of A and B per flop, but leaves room for more stages. Autotune tables on an H100
+# (bench/NOTES.md, v0.5, v0.6): 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both
+# filled the SMs equally; 192 ran level with 256 or ahead (v0.5, 4 stages against 3: up to 2 %;
+# v0.6, 4 stages each: 6144³, 9 tile-times either way, 693 against 658). Rated a hair faster,
+# so that it wins ties. 192 x 192 (clusters only) ran within 1 % of 128 x 192 wherever both
+# took the same tile-times (v0.10: 6144³, 4096³, 4096 x 28672 x 8192), rated a hair slower.
+TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
+              (TALL_BLOCK_M, 192): 1.0}
 # N-major B whose rows are not multiples of 128 bytes (Problem.b_pitch_aligned): each 128-byte
 # TMA box row then spans two cache lines. Measured on an H100 (bench/NOTES.md v0.6, bf16
 # TFLOP/s): the unclustered kernels lose about a quarter of their speed to it (3008 x 3000 x
 # 3008: 498 against 646 with aligned rows; unaligned A rows cost 3 %, unaligned C rows
 # nothing). Clusters of two CTAs each load half of every B tile and multicast it: 3000³ ran at
-# 565 on clustered 128 x 192 tiles against 420 on persistent ones (and 465 on clustered
-# 128 x 256, whose pairs fill 2.2 waves); the width is ranked by waves of clusters.
+# 565 on clustered 128 x 192 tiles against 420 on persistent ones; the tile is ranked by waves
+# of clusters.
 UNALIGNED_B_SCHEDULE = PersistentClusterSchedule
+# The cluster kernel's speed per tile shape on such rows, relative to 128 x 192. There the main
+# loop runs at the rate of the cache lines a CTA requests, so tiles that request fewer box rows
+# per output element gain more than on aligned rows: (128 + 96) / (128 x 192) for 128 x 192,
+# (128 + 128) / (128 x 256) and (192 + 96) / (192 x 192) for the larger ones, 14 % fewer. Fitted
+# on nine shapes (bench/NOTES.md v0.10, H100, bf16, two passes: 3000³, 3000 x 5000 x 3000,
+# 6000 x 3000 x 3000, 2000 x 3000 x 8000, 4000 x 6000 x 2000, 5000³, 1000 x 3000 x 3000,
+# 8000 x 3000 x 3000, 3008 x 3000 x 3008): measured speed x whole waves x tile area, relative
+# to 128 x 192, read 0.78-0.93 for 128 x 128, 1.00-1.16 for 128 x 256 and 0.99-1.08 for
+# 192 x 192; with these values the ranking picks the fastest measured tile on all nine.
+UNALIGNED_B_TILE_SPEED = {(BLOCK_M, 256): 1.05, (BLOCK_M, 192): 1.0, (BLOCK_M, 128): 0.84,
+                          (TALL_BLOCK_M, 192): 1.04}
 
 # Where the persistent schedule's width is one of these, its tiles run on persistent_overlap
 # (two accumulator sets, the epilogue under the next tile's first k-block). Measured on an H100
@@ -94,19 +108,20 @@ def _workers(sched, device: DeviceInfo) -> tuple[int, str]:
     return device.sm_count // sched.cluster_size, f"clusters of {sched.cluster_size}"
 
 
-def _tile_groups(sched, problem: Problem, block_n: int) -> int:
+def _tile_groups(sched, problem: Problem, shape: tuple[int, int]) -> int:
     """Units of work: tiles, or groups of cluster_size vertically adjacent tiles."""
-    tiles_m = -(-problem.m // BLOCK_M)
-    tiles_n = -(-problem.n // block_n)
+    tiles_m = -(-problem.m // shape[0])
+    tiles_n = -(-problem.n // shape[1])
     return -(-tiles_m // sched.cluster_size) * tiles_n * problem.batch
 
 
-def _relative_time(sched, problem: Problem, device: DeviceInfo, block_n: int) -> float:
+def _relative_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int, int],
+                   speeds: dict) -> float:
     """Waves of tiles (the last one counts whole: its idle SMs still cost time) x the time of
-    one tile of this width. A cluster takes cluster_size vertically adjacent tiles at once."""
+    one tile of this shape. A cluster takes cluster_size vertically adjacent tiles at once."""
     workers, _ = _workers(sched, device)
-    waves = -(-_tile_groups(sched, problem, block_n) // workers)
-    return waves * block_n / TILE_WIDTH_SPEED[block_n]
+    waves = -(-_tile_groups(sched, problem, shape) // workers)
+    return waves * shape[0] * shape[1] / speeds[shape]
 
 
 def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int) -> float:
@@ -149,7 +164,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo, forced: bool) -> Choic
     splits = split_count(problem, cfg, device, forced)
     if not forced and splits < 2:
         return None
-    group = _raster_group(problem, SplitKSchedule)
+    group = _raster_group(problem, SplitKSchedule, cfg.block_m)
     why = (f"split_k: {tiles} tiles of 128x128 for {device.sm_count} SMs, {k_blocks} k-blocks "
            f"in {splits} splits ({k_blocks // splits}-{-(-k_blocks // splits)} k-blocks each, "
            f"reduced in order through an fp32 workspace); {cfg.stages} stages fit in "
@@ -167,20 +182,20 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         if schedule is not None:
             raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared "
                                f"memory per block is too little for split-K's 128x128 tile")
-    if schedule is None and problem.trans_b and not problem.b_pitch_aligned:
-        picked = _fastest_width(UNALIGNED_B_SCHEDULE, problem, device)
+    if schedule is None and _b_rows_unaligned(problem):
+        picked = _fastest_tile(UNALIGNED_B_SCHEDULE, problem, device)
         if picked is not None and picked[0].stages >= FAST_STAGES:
             cfg, why = picked
             why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
                    f"spans two cache lines: clusters of {UNALIGNED_B_SCHEDULE.cluster_size} CTAs "
                    f"share each B tile and load it once; {why}")
-            group = _raster_group(problem, UNALIGNED_B_SCHEDULE)
+            group = _raster_group(problem, UNALIGNED_B_SCHEDULE, cfg.block_m)
             return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
                           group)
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
     # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    picked = _fastest_width(sched, problem, device)
+    picked = _fastest_tile(sched, problem, device)
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
@@ -192,40 +207,57 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
             why += ("; two accumulator sets per consumer, so each tile's epilogue overlaps the "
                     "next tile's first k-block")
             sched, cfg = PersistentOverlapSchedule, overlap
-    group = _raster_group(problem, sched)
+    group = _raster_group(problem, sched, cfg.block_m)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
-def _raster_group(problem: Problem, sched) -> int:
+def _raster_group(problem: Problem, sched, block_m: int) -> int:
     """M-tiles per raster group for `sched` (RASTER_GROUP_M, or RASTER_GROUP_M_OVERLAP for
     persistent_overlap), or all of them where there are fewer."""
     group_m = RASTER_GROUP_M_OVERLAP if sched is PersistentOverlapSchedule else RASTER_GROUP_M
-    return min(group_m, -(-problem.m // BLOCK_M))
+    return min(group_m, -(-problem.m // block_m))
 
 
-def _fastest_width(sched, problem: Problem, device: DeviceInfo):
-    """(config, why) of the tile width of `sched` with the fewest tile-times (_relative_time),
-    the wider on an exact tie, among those with at least FAST_STAGES stages where any has;
-    None if no width fits."""
-    widths = sorted((w for w in sched.block_ns if w in TILE_WIDTH_SPEED), reverse=True)
-    configs = {w: sched.deepest(problem.dtype, w, problem.trans_a, problem.trans_b,
-                                device.smem_per_block_optin) for w in widths}
-    fits = [w for w in widths if configs[w] is not None]
+def _b_rows_unaligned(problem: Problem) -> bool:
+    """N-major B whose rows are not whole 128-byte lines (UNALIGNED_B_SCHEDULE's case)."""
+    return problem.trans_b and not problem.b_pitch_aligned
+
+
+def _tile_speeds(sched, problem: Problem) -> dict:
+    """UNALIGNED_B_TILE_SPEED for the cluster kernels on B rows that are not whole lines,
+    where it was measured (also when the schedule is forced), else TILE_SPEED."""
+    return (UNALIGNED_B_TILE_SPEED if sched.cluster_size > 1 and _b_rows_unaligned(problem)
+            else TILE_SPEED)
+
+
+def _fastest_tile(sched, problem: Problem, device: DeviceInfo):
+    """(config, why) of the tile shape of `sched` with the fewest tile-times (_relative_time
+    under _tile_speeds), on an exact tie the wider, then the shorter, among those with at least
+    FAST_STAGES stages where any has; None if no shape fits."""
+    speeds = _tile_speeds(sched, problem)
+    shapes = sorted((t for t in sched.tile_shapes() if t in speeds),
+                    key=lambda t: (-t[1], t[0]))
+    configs = {t: sched.deepest(problem.dtype, t[1], problem.trans_a, problem.trans_b,
+                                device.smem_per_block_optin, t[0]) for t in shapes}
+    fits = [t for t in shapes if configs[t] is not None]
     if not fits:
         return None
-    ranked = sorted(fits, key=lambda w: (configs[w].stages < FAST_STAGES,
-                                         _relative_time(sched, problem, device, w)))
+    ranked = sorted(fits, key=lambda t: (configs[t].stages < FAST_STAGES,
+                                         _relative_time(sched, problem, device, t, speeds)))
     cfg = configs[ranked[0]]
-    why = "".join(f"a {BLOCK_M}x{w} tile leaves fewer than {MIN_STAGES} stages; "
-                  for w in widths if configs[w] is None)
-    why += "".join(f"a {BLOCK_M}x{w} tile leaves only {configs[w].stages} stages; "
-                   for w in fits if configs[w].stages < FAST_STAGES <= cfg.stages)
+    why = "".join(f"a {m}x{n} tile leaves fewer than {MIN_STAGES} stages; "
+                  for m, n in shapes if configs[m, n] is None)
+    why += "".join(f"a {m}x{n} tile leaves only {configs[m, n].stages} stages; "
+                   for m, n in fits if configs[m, n].stages < FAST_STAGES <= cfg.stages)
     workers, units = _workers(sched, device)
-    tiles = _tiles(problem, BLOCK_M, cfg.block_n)
-    waves = _tile_groups(sched, problem, cfg.block_n) / workers
-    why += (f"{tiles} tiles of {BLOCK_M}x{cfg.block_n} = {waves:.2f} waves of {workers} {units} "
-            + (f"(the fewest tile-times of widths {'/'.join(map(str, widths))})"
-               if len(widths) > 1 else f"(the only tile width of the {sched.name} schedule)"))
+    shape = (cfg.block_m, cfg.block_n)
+    tiles = _tiles(problem, *shape)
+    waves = _tile_groups(sched, problem, shape) / workers
+    names = "/".join(f"{m}x{n}" for m, n in shapes)
+    why += (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} = {waves:.2f} waves of {workers} "
+            f"{units} "
+            + (f"(the fewest tile-times of tiles {names})" if len(shapes) > 1
+               else f"(the only tile of the {sched.name} schedule)"))
     return cfg, why
 
 

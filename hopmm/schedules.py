@@ -18,6 +18,10 @@ SMEM_ALIGN = 1024        # the kernel rounds its dynamic smem base up to this
 MBARRIER_BYTES = 8
 WGMMA_M = 64
 BLOCK_M = 2 * WGMMA_M     # two consumer warpgroups of 64 rows each
+# Tall tiles: three consumer warpgroups. Their registers (tile_config.cuh's split: 152 a
+# consumer) hold one 64 x 192 accumulator set, not two, and shared memory four stages of
+# 192 x 192 only beside a one-box epilogue ring.
+TALL_BLOCK_M = 3 * WGMMA_M
 WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
@@ -30,6 +34,11 @@ C_BOX_BYTES = WGMMA_M * TMA_BOX_ELEMS * ELEM_BYTES
 # of the next. Stages come first: the ring gets at least this many boxes and then whatever
 # the deepest operand ring leaves, up to the consumer's whole part of the tile.
 MIN_C_BUFFERS = 2
+# ... unless a ring of two leaves fewer than DEEP_STAGES stages and a ring of one box leaves
+# more: then the stage wins. 192 x 192 tiles (48 KB a stage): 3 stages and the whole tile ran
+# 8-10 % slower than 4 stages and one box in clusters (H100, bench/NOTES.md v0.10). On an H100
+# every 128-row tile gets at least DEEP_STAGES stages beside two boxes.
+DEEP_STAGES = 4
 
 
 @dataclass(frozen=True)
@@ -84,6 +93,8 @@ class WarpSpecializedSchedule:
     # 192 runs level with 256 per tile (4 stages against 3, bench/NOTES.md v0.5) and gives the
     # heuristic a third width against wave quantization.
     block_ns = (128, 192, 256)
+    # Widths this schedule also offers as TALL_BLOCK_M-row tiles (three consumer warpgroups).
+    tall_block_ns: tuple = ()
     # CTAs per thread-block cluster (1: no cluster).
     cluster_size = 1
     # The most operand stages worth having (None: as many as fit).
@@ -138,11 +149,18 @@ class WarpSpecializedSchedule:
         return (smem_limit - fixed) // per_stage
 
     @classmethod
+    def tile_shapes(cls) -> list[tuple[int, int]]:
+        """(block_m, block_n) of every output tile this schedule computes."""
+        return ([(BLOCK_M, n) for n in cls.block_ns]
+                + [(TALL_BLOCK_M, n) for n in cls.tall_block_ns])
+
+    @classmethod
     def check(cls, cfg: KernelConfig) -> None:
         """ValueError for a config this schedule cannot render."""
-        if cfg.block_n not in cls.block_ns:
-            raise ValueError(f"{cls.name}: block_n must be one of {cls.block_ns}, got "
-                             f"{cfg.block_n}")
+        if (cfg.block_m, cfg.block_n) not in cls.tile_shapes():
+            shapes = ", ".join(f"{m}x{n}" for m, n in cls.tile_shapes())
+            raise ValueError(f"{cls.name}: the tile must be one of {shapes}, got "
+                             f"{cfg.block_m}x{cfg.block_n}")
         if cfg.c_buffers > cls.c_boxes(cfg):
             raise ValueError(f"{cls.name}: at most {cls.c_boxes(cfg)} epilogue staging boxes "
                              f"per consumer (its part of the tile), got {cfg.c_buffers}")
@@ -205,15 +223,19 @@ class WarpSpecializedSchedule:
 
     @classmethod
     def deepest(cls, dtype: str, block_n: int, trans_a: bool, trans_b: bool,
-                smem_limit: int) -> KernelConfig | None:
+                smem_limit: int, block_m: int = BLOCK_M) -> KernelConfig | None:
         """The config with as many stages as fit in `smem_limit` next to an epilogue ring of
-        MIN_C_BUFFERS boxes per consumer (at most stage_cap), and then the largest ring that
-        still fits (at most the consumer's whole part of the tile); None if fewer than
-        MIN_STAGES fit."""
+        MIN_C_BUFFERS boxes per consumer (or of one box, where a ring of two leaves fewer than
+        DEEP_STAGES stages and one box leaves more; at most stage_cap), and then the largest
+        ring that still fits (at most the consumer's whole part of the tile); None if fewer
+        than MIN_STAGES fit."""
         probe = KernelConfig(dtype=dtype, block_n=block_n, stages=MIN_STAGES, trans_a=trans_a,
-                             trans_b=trans_b)
+                             trans_b=trans_b, block_m=block_m, consumers=block_m // WGMMA_M)
         probe = replace(probe, c_buffers=min(MIN_C_BUFFERS, cls.c_boxes(probe)))
         stages = cls.max_stages(probe, smem_limit)
+        one_box = replace(probe, c_buffers=1)
+        if stages < DEEP_STAGES and cls.max_stages(one_box, smem_limit) > stages:
+            probe, stages = one_box, cls.max_stages(one_box, smem_limit)
         if cls.stage_cap is not None:
             stages = min(stages, cls.stage_cap)
         if stages < MIN_STAGES:
@@ -226,12 +248,12 @@ class WarpSpecializedSchedule:
 
     @classmethod
     def configs(cls, smem_limit: int) -> list[KernelConfig]:
-        """Every config this schedule can be asked for: each tile width, dtype and layout, with
+        """Every config this schedule can be asked for: each tile shape, dtype and layout, with
         the deepest pipeline that fits."""
         out = []
-        for block_n, dtype, ta, tb in itertools.product(cls.block_ns, KERNEL_DTYPES,
-                                                        (False, True), (False, True)):
-            cfg = cls.deepest(dtype, block_n, ta, tb, smem_limit)
+        for (block_m, block_n), dtype, ta, tb in itertools.product(
+                cls.tile_shapes(), KERNEL_DTYPES, (False, True), (False, True)):
+            cfg = cls.deepest(dtype, block_n, ta, tb, smem_limit, block_m)
             if cfg is not None:
                 out.append(cfg)
         return out
@@ -270,6 +292,11 @@ class PersistentClusterSchedule(PersistentSchedule):
     # N-major B: the CTAs deal the tile's 64-wide boxes out round-robin (192: two and one);
     # K-major B: each loads block_n / 2 rows, whole 8-row swizzle atoms for every width.
     block_ns = (128, 192, 256)
+    # 192 x 192: per k-block a CTA requests 192 + 96 box rows for 192 x 192 outputs, against
+    # 128 + 96 for 128 x 192: 14 % fewer per output element, which counts where rows are not
+    # whole cache lines (bench/NOTES.md v0.10: 3000³ bf16 0.98-1.01 x cuBLAS against 0.88-0.97
+    # on 128 x 192 tiles, H100).
+    tall_block_ns = (192,)
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_cluster_gemm",
                  PRODUCER="hopmm::MulticastTmaProducer",
                  KERNEL_ATTRIBUTES=f"__cluster_dims__({CLUSTER_PAIR}, 1, 1) ")
@@ -340,6 +367,7 @@ class PersistentClusterOverlapSchedule(PersistentClusterSchedule):
     slots = dict(PersistentClusterSchedule.slots,
                  SKELETON="hopmm::persistent_cluster_overlap_gemm")
     block_ns = PersistentOverlapSchedule.block_ns
+    tall_block_ns = ()  # two 64 x 192 sets do not fit a consumer's share of three
 
 
 class PingPongSchedule(PersistentSchedule):

@@ -39,6 +39,7 @@ class TunedEntry:
     tflops: float
     when: str
     splits: int = 1   # split_k only; tables written before split-K have no such field
+    block_m: int = BLOCK_M   # tables written before 192-row tiles have no such field
 
 
 def table_path() -> Path:
@@ -57,12 +58,13 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
     sched = SCHEDULES.get(entry.schedule)
     if sched is None:
         raise ValueError(f"unknown schedule {entry.schedule!r}")
-    if entry.block_n not in sched.block_ns:
-        raise ValueError(f"block_n {entry.block_n!r} not in {sched.block_ns}")
+    if (entry.block_m, entry.block_n) not in sched.tile_shapes():
+        raise ValueError(f"tile {entry.block_m!r}x{entry.block_n!r} not one of "
+                         f"{sched.tile_shapes()}")
     if type(entry.raster_group) is not int or entry.raster_group < 1:
         raise ValueError(f"raster_group {entry.raster_group!r} is not a positive int")
     deepest = sched.deepest(problem.dtype, entry.block_n, problem.trans_a, problem.trans_b,
-                            device.smem_per_block_optin)
+                            device.smem_per_block_optin, entry.block_m)
     if deepest is None or type(entry.stages) is not int or not (
             MIN_STAGES <= entry.stages <= deepest.stages):
         raise ValueError(f"stages {entry.stages!r} do not fit this device's shared memory")
@@ -141,17 +143,17 @@ def record(new: dict) -> None:
 
 
 def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
-    """Every schedule x tile width x raster group that fits, with the deepest pipeline. (A
+    """Every schedule x tile shape x raster group that fits, with the deepest pipeline. (A
     cluster schedule walks its groups of M tiles pair by pair: same groups, same meaning.)"""
-    tiles_m = -(-problem.m // BLOCK_M)
-    groups = sorted({min(g, tiles_m) for g in RASTER_GROUPS})
     out = []
     for sched in SCHEDULES.values():
-        for block_n in sched.block_ns:
+        for block_m, block_n in sched.tile_shapes():
             cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
-                                device.smem_per_block_optin)
+                                device.smem_per_block_optin, block_m)
             if cfg is None:
                 continue
+            tiles_m = -(-problem.m // block_m)
+            groups = sorted({min(g, tiles_m) for g in RASTER_GROUPS})
             if not sched.split_k:
                 out.extend(Choice(sched, cfg, "autotune candidate", g) for g in groups)
                 continue
@@ -239,7 +241,7 @@ def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5
         record({problem_key(call.problem, device): TunedEntry(
             choice.schedule.name, choice.config.block_n, choice.config.stages,
             choice.raster_group, round(tflops[best], 1), time.strftime("%Y-%m-%d"),
-            choice.splits)})
+            choice.splits, choice.config.block_m)})
         fastpath.clear()  # remembered launches were built from the old choices
         print(f"[autotune] {m}x{n}x{k} {dtype}: best {best} {tflops[best]:.1f} TFLOP/s of "
               f"{len(tflops)} candidates", file=progress)

@@ -1,5 +1,6 @@
-"""GPU test helpers: run one forced (schedule, tile width, raster group) through the launch
-layer into a NaN-poisoned buffer and check it against an fp32 cupy.matmul reference."""
+"""GPU test helpers: run one forced (schedule, tile, raster group) through the launch layer
+into a NaN-poisoned buffer and check it against an fp32 cupy.matmul reference. A tile is its
+width (128 rows) or a (rows, width) pair."""
 TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 SPARE_ROWS = 128   # rows of NaN below each result slice: a stray store past m lands there
 
@@ -16,23 +17,24 @@ def operands(m, n, k, dtype, ta=False, tb=False, batch=()):
     return a, b
 
 
-def run(a, b, schedule, block_n, group=16):
-    """C = A @ B on one forced schedule, tile width and raster group, stored into a
-    NaN-poisoned buffer with spare rows below each slice and padding right of each row.
-    Returns (the result view, the whole buffer)."""
+def run(a, b, schedule, tile, group=16):
+    """C = A @ B on one forced schedule, tile and raster group, stored into a NaN-poisoned
+    buffer with spare rows below each slice and padding right of each row. Returns (the
+    result view, the whole buffer)."""
     import cupy
 
     from hopmm import api, launch, layout
     from hopmm.device import query
     from hopmm.heuristics import Choice
-    from hopmm.schedules import SCHEDULES
+    from hopmm.schedules import BLOCK_M, SCHEDULES
 
     shapes = layout.matmul_shapes(a.shape, b.shape)
     call = api._kernel_call(a, b, shapes)
     sched = SCHEDULES[schedule]
     p = call.problem
+    block_m, block_n = tile if isinstance(tile, tuple) else (BLOCK_M, tile)
     cfg = sched.deepest(p.dtype, block_n, p.trans_a, p.trans_b,
-                        query(cupy.cuda.Device().id).smem_per_block_optin)
+                        query(cupy.cuda.Device().id).smem_per_block_optin, block_m)
     choice = Choice(sched, cfg, "test", group)
     padded = layout.padded(shapes.n, a.itemsize) + layout.TMA_ALIGN
     buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, padded), cupy.nan, dtype=a.dtype)
@@ -43,14 +45,14 @@ def run(a, b, schedule, block_n, group=16):
     return c3, buf
 
 
-def check(a, b, schedule, block_n, dtype, group=16):
+def check(a, b, schedule, tile, dtype, group=16):
     """Runs `run` and asserts: every output element written and within TOL of the reference,
     nothing written below the last row or right of the last column."""
     import cupy
 
     from hopmm.layout import padded
 
-    c3, buf = run(a, b, schedule, block_n, group)
+    c3, buf = run(a, b, schedule, tile, group)
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     ref = ref.reshape(c3.shape)
     got = c3.astype(cupy.float32)

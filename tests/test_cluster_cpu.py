@@ -13,7 +13,7 @@ from hopmm import heuristics, launch
 from hopmm.device import H100_SXM, DeviceInfo
 from hopmm.heuristics import Choice
 from hopmm.problem import Problem
-from hopmm.schedules import (BLOCK_M, CLUSTER_PAIR, SCHEDULES, TMA_BOX_ELEMS,
+from hopmm.schedules import (CLUSTER_PAIR, SCHEDULES, TMA_BOX_ELEMS,
                              PersistentClusterSchedule, PersistentSchedule)
 
 Cluster = PersistentClusterSchedule
@@ -22,9 +22,11 @@ CONFIGS = Cluster.configs(H100_SXM.smem_per_block_optin)
 
 def test_every_dtype_layout_and_width_is_registered():
     assert SCHEDULES["persistent_cluster"] is Cluster
-    got = {(c.dtype, c.block_n, c.trans_a, c.trans_b) for c in CONFIGS}
-    assert got == set(itertools.product(("float16", "bfloat16"), (128, 192, 256), (False, True),
+    got = {(c.dtype, (c.block_m, c.block_n), c.trans_a, c.trans_b) for c in CONFIGS}
+    tiles = [(128, 128), (128, 192), (128, 256), (192, 192)]
+    assert got == set(itertools.product(("float16", "bfloat16"), tiles, (False, True),
                                         (False, True)))
+    assert all(c.consumers == c.block_m // 64 for c in CONFIGS)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=Cluster.kernel_name)
@@ -136,7 +138,8 @@ def test_heuristic_default_is_unclustered_and_cluster_is_selectable():
     assert c.schedule.grid(p, c.config, 1, H100_SXM.sm_count) == (H100_SXM.sm_count, 1, 1)
     small = DeviceInfo("small", (9, 0), 132, 160 * 1024)   # 3 stages of 192, 2 of 256
     assert heuristics.choose(p, small, "persistent_cluster").config.block_n == 192
-    smaller = DeviceInfo("smaller", (9, 0), 132, 110 * 1024)  # 192 does not fit, 128 does
+    # 192 does not fit even beside a one-box ring, 128 does (2 stages, one box)
+    smaller = DeviceInfo("smaller", (9, 0), 132, 90 * 1024)
     assert heuristics.choose(p, smaller, "persistent_cluster").config.block_n == 128
 
 
@@ -166,9 +169,9 @@ class _Array:
         self.data = type("Ptr", (), {"ptr": 1 << 20})()
 
 
-@pytest.mark.parametrize("block_n", [128, 192, 256])
+@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 192), (128, 256), (192, 192)])
 @pytest.mark.parametrize("b_major", ["k", "n"])
-def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_n, b_major):
+def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_m, block_n, b_major):
     import types
 
     from hopmm import _tensormap
@@ -183,7 +186,7 @@ def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_n, b_major
     monkeypatch.setattr(_tensormap, "KernelLaunch", _RecordedLaunch)
     problem = Problem(m, n, k, 1, "float16", "k", b_major)
     cfg = Cluster.deepest("float16", block_n, False, problem.trans_b,
-                          H100_SXM.smem_per_block_optin)
+                          H100_SXM.smem_per_block_optin, block_m)
     a3 = _Array((1, m, k), (m * k, k, 1))
     b3 = _Array((1, k, n), (k * n, n, 1)) if b_major == "n" else _Array((1, k, n), (k * n, 1, k))
     c3 = _Array((1, m, n), (m * n, n, 1))
@@ -193,13 +196,15 @@ def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_n, b_major
     (launched,) = launch.build_launches(Choice(Cluster, cfg, "test", 16), problem, a3, one, b3,
                                         one, c3)
     (_, _, _, a_box, *_), (_, b_dims, _, b_box, *_), _ = launched.templates
-    assert a_box == (TMA_BOX_ELEMS, BLOCK_M, 1)
+    assert a_box == (TMA_BOX_ELEMS, block_m, 1)   # a K-major A tile in one box
     # K-major B: a box of half the tile's rows; N-major B: 64 x 64 boxes as always.
     assert b_box == ((TMA_BOX_ELEMS, block_n // CLUSTER_PAIR, 1) if b_major == "k"
                      else (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1))
     assert b_dims[:2] == ((k, n) if b_major == "k" else (n, k))
-    tiles_m, tiles_n = -(-m // BLOCK_M), -(-n // block_n)
-    assert launched.grid == (2 * 2 * tiles_n, 1, 1)    # 3 M tiles -> 2 pairs per N column
+    tiles_m, tiles_n = -(-m // block_m), -(-n // block_n)
+    # 3 M tiles of 128 rows -> 2 pairs per N column, 2 of 192 rows -> 1 pair
+    assert launched.grid == (CLUSTER_PAIR * -(-tiles_m // CLUSTER_PAIR) * tiles_n, 1, 1)
+    assert launched.block_x == (1 + block_m // 64) * 128
     assert launched.ints[7:] == (tiles_m, tiles_n, 16)
 
 

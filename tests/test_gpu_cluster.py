@@ -1,9 +1,11 @@
 """GPU tier, the cluster schedules: what is specific to clusters of two CTAs sharing a B
 tile through TMA multicast. Pairs whose second tile lies past the last M tile (odd M-tile
-counts, in every batch slice), one tile, raster groups, both tile widths on every layout,
+counts, in every batch slice), one tile, raster groups, every tile shape on every layout,
 bitwise equality with the unclustered persistent kernel (same tiles, same k order: a misplaced
-multicast slice or a stage reused too early changes bits) and run-to-run repeatability; then
-persistent_cluster_overlap against persistent_cluster, bit for bit.
+multicast slice or a stage reused too early changes bits) and of 192 x 192 tiles (three
+consumers) with 128 x 192 ones (each consumer sums the same 64 x 192 block in the same order),
+run-to-run repeatability; then persistent_cluster_overlap against persistent_cluster, bit for
+bit.
 The general cases run on both through SCHEDULE_NAMES in test_gpu_matmul.py."""
 import pytest
 
@@ -18,6 +20,8 @@ LAYOUTS = [(False, False), (True, False), (False, True), (True, True)]
 LAYOUT_IDS = ["NN", "TN", "NT", "TT"]
 CLUSTER = "persistent_cluster"
 CLUSTER_OVERLAP = "persistent_cluster_overlap"
+TILES = [128, 192, 256, (192, 192)]   # widths of 128-row tiles, and the tall tile
+TILE_IDS = ["128x128", "128x192", "128x256", "192x192"]
 
 
 @pytest.fixture(autouse=True)
@@ -30,42 +34,44 @@ def _cluster_schedule(monkeypatch):
     hopmm.use_schedule(None)
 
 
-def run(a, b, block_n, group=16, schedule=CLUSTER):
-    return forced.run(a, b, schedule, block_n, group)
+def run(a, b, tile, group=16, schedule=CLUSTER):
+    return forced.run(a, b, schedule, tile, group)
 
 
-def check(a, b, block_n, dtype, group=16):
-    return forced.check(a, b, CLUSTER, block_n, dtype, group)
+def check(a, b, tile, dtype, group=16):
+    return forced.check(a, b, CLUSTER, tile, dtype, group)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_n", [128, 192, 256])
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
-@pytest.mark.parametrize("m", [100, 256, 300, 640, 1000, 1300])  # 1, 2, 3, 5, 8, 11 M tiles
-def test_odd_and_even_m_tile_counts(m, ta, tb, block_n, dtype):
-    check(*operands(m, 520, 200, dtype, ta, tb), block_n, dtype)
+# 1, 2, 3, 5, 8, 11 M tiles of 128 rows; 1, 2, 2, 4, 6, 7 of 192
+@pytest.mark.parametrize("m", [100, 256, 300, 640, 1000, 1300])
+def test_odd_and_even_m_tile_counts(m, ta, tb, tile, dtype):
+    check(*operands(m, 520, 200, dtype, ta, tb), tile, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_n", [128, 192, 256])
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("m,n,k", [(1, 1, 1), (17, 64, 64), (128, 128, 64), (128, 256, 64),
-                                   (100, 17, 1000)])
-def test_one_tile(m, n, k, block_n, dtype):
-    check(*operands(m, n, k, dtype), block_n, dtype)
+                                   (100, 17, 1000), (192, 192, 64)])
+def test_one_tile(m, n, k, tile, dtype):
+    check(*operands(m, n, k, dtype), tile, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("block_n", [128, 192, 256])
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
 @pytest.mark.parametrize("a_batch,b_batch", [((5,), (5,)), ((3,), ()), ((), (7,)),
                                              ((2, 3), (2, 3))], ids=str)
-def test_batches_with_an_odd_number_of_m_tiles(a_batch, b_batch, block_n, dtype):
-    """300 rows: 3 M tiles per slice, so the second CTA of one pair in every slice computes a
-    tile past the last row; the rows below each slice must stay untouched."""
+def test_batches_with_an_odd_number_of_m_tiles(a_batch, b_batch, tile, dtype):
+    """3 M tiles per slice (300 rows of 128-row tiles, 500 of 192-row ones), so the second CTA
+    of one pair in every slice computes a tile past the last row; the rows below each slice
+    must stay untouched."""
     import cupy
 
-    a = rand(a_batch + (300, 200), dtype)
+    a = rand(a_batch + (500 if isinstance(tile, tuple) else 300, 200), dtype)
     b = rand(b_batch + (200, 260), dtype)
-    check(a, b, block_n, dtype)
+    check(a, b, tile, dtype)
     # the public path too (its own buffers, the heuristic's tile width)
     import hopmm
 
@@ -76,16 +82,18 @@ def test_batches_with_an_odd_number_of_m_tiles(a_batch, b_batch, block_n, dtype)
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("group", [1, 2, 3, 5, 16, 32])
-def test_raster_groups(group, dtype):
-    check(*operands(1300, 1100, 200, dtype), 128, dtype, group)   # 11 x 9 tiles
+@pytest.mark.parametrize("tile", [128, (192, 192)], ids=["128x128", "192x192"])
+def test_raster_groups(tile, group, dtype):
+    check(*operands(1300, 1100, 200, dtype), tile, dtype, group)   # 11 x 9 tiles, 7 x 6
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k,block_n", [(8192, 4096, 128, 256),   # 512 pairs: ~8 per cluster
-                                           (4224, 2048, 256, 128),   # 33 M tiles, many waves
-                                           (8320, 8192, 64, 256)])   # 65 M tiles, k = one block
-def test_many_pairs_per_cluster(m, n, k, block_n, dtype):
-    check(*operands(m, n, k, dtype), block_n, dtype)
+@pytest.mark.parametrize("m,n,k,tile", [(8192, 4096, 128, 256),   # 512 pairs: ~8 per cluster
+                                        (4224, 2048, 256, 128),   # 33 M tiles, many waves
+                                        (8320, 8192, 64, 256),    # 65 M tiles, k = one block
+                                        (6336, 3000, 3000, (192, 192))])  # 33 M tiles, 4.1 waves
+def test_many_pairs_per_cluster(m, n, k, tile, dtype):
+    check(*operands(m, n, k, dtype), tile, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -105,7 +113,26 @@ def test_bitwise_equal_to_the_persistent_kernel(m, n, k, ta, tb, block_n, dtype)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4224, 4096, 1024), (300, 4096, 8192)])
+@pytest.mark.parametrize("ta,tb", LAYOUTS, ids=LAYOUT_IDS)
+@pytest.mark.parametrize("m,n,k", [(1000, 1030, 700), (3000, 3000, 3000), (300, 520, 4097),
+                                   (2, 300, 129)])
+def test_tall_tiles_are_bitwise_the_128_row_ones(m, n, k, ta, tb, dtype):
+    """A consumer of a 192 x 192 tile sums the same 64 x 192 block over the same k-blocks with
+    the same wgmma as a consumer of a 128 x 192 tile; only which CTA and which of three
+    consumers does it differs. (3000³: B's rows are not whole cache lines, the heuristic's
+    tall-tile case.)"""
+    import cupy
+
+    a, b = operands(m, n, k, dtype, ta, tb)
+    tall, _ = run(a, b, (192, 192))
+    short, _ = run(a, b, 192)
+    assert not bool(cupy.isnan(tall.astype(cupy.float32)).any())
+    assert bool(cupy.array_equal(tall.view(cupy.uint16), short.view(cupy.uint16)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 4096), (4224, 4096, 1024), (300, 4096, 8192),
+                                   (3000, 3000, 3000)])   # the heuristic's 192 x 192 tiles
 def test_bitwise_repeatable(m, n, k, dtype):
     """Twenty runs, all bit-identical: a stage refilled before both CTAs released it, or a
     multicast racing a consumer, shows up as run-to-run differences."""
@@ -156,8 +183,8 @@ def test_explain_shows_the_cluster():
     assert int(grid[:grid.index(",")]) % 2 == 0
 
 
-@pytest.mark.parametrize("block_n", [128, 192, 256])
-def test_every_cluster_of_the_grid_is_resident(block_n):
+@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
+def test_every_cluster_of_the_grid_is_resident(tile):
     """The persistent grid has floor(SM count / 2) clusters; if the GPCs cannot hold that many
     pairs of co-scheduled CTAs at once, the surplus clusters wait for a whole wave (a tail of
     up to 2x). Asks the driver (cuOccupancyMaxActiveClusters through cuda-bindings)."""
@@ -173,7 +200,8 @@ def test_every_cluster_of_the_grid_is_resident(block_n):
     except ImportError:
         pytest.skip("cuda-bindings not installed")
     dev = query(cupy.cuda.Device().id)
-    cfg = Cluster.deepest("bfloat16", block_n, False, True, dev.smem_per_block_optin)
+    block_m, block_n = tile if isinstance(tile, tuple) else (128, tile)
+    cfg = Cluster.deepest("bfloat16", block_n, False, True, dev.smem_per_block_optin, block_m)
     grid = Cluster.grid(Problem(8192, 8192, 8192, 1, "bfloat16"), cfg, 1, dev.sm_count)
     kernel_info = launch.compiled(Cluster, cfg)
     kernel = launch._loaded(str(kernel_info.cubin_path), kernel_info.name,

@@ -27,6 +27,8 @@ def test_b_rows_off_cache_lines_take_the_cluster_kernel(n, schedule):
     text = hopmm.explain(a, b)
     assert f"schedule: {schedule}\n" in text
     assert ("not multiples of 128 B" in text) == (schedule == "persistent_cluster")
+    # 3000³ on unaligned rows: 192 x 192 tiles, three consumer warpgroups of 64 rows
+    assert ("3 warpgroups share each 192x192 tile" in text) == (schedule == "persistent_cluster")
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     got = hopmm.matmul(a, b).astype(cupy.float32)
     assert float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)) < TOL["bfloat16"]

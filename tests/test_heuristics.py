@@ -49,12 +49,15 @@ def test_less_shared_memory_means_shallower_or_narrower():
     assert c.config.block_n < 256 and "128x256 tile leaves only 2 stages" in c.reason
     assert c.config.stages >= 3
     assert c.schedule.smem_bytes(c.config) <= small.smem_per_block_optin
-    smaller = DeviceInfo("smaller", (9, 0), 132, 120 * 1024)
+    smaller = DeviceInfo("smaller", (9, 0), 132, 100 * 1024)
     c = choose(4096, 4096, 4096, device=smaller)  # 128 x 256 does not fit at all
     assert c.config.block_n < 256 and "128x256 tile leaves fewer than 2" in c.reason
     assert c.schedule.smem_bytes(c.config) <= smaller.smem_per_block_optin
     medium = DeviceInfo("medium", (9, 0), 132, 180 * 1024)
-    assert choose(8192, 8192, 8192, device=medium).config.stages < choose(8192, 8192, 8192).config.stages
+    # 128 x 192 there: a ring of two staging boxes leaves 3 stages, a ring of one 4 (DEEP_STAGES)
+    mid, full = choose(8192, 8192, 8192, device=medium).config, choose(8192, 8192, 8192).config
+    assert (mid.block_n, mid.stages, mid.c_buffers) == (192, 4, 1)
+    assert (full.block_n, full.stages, full.c_buffers) == (192, 4, 3)
 
 
 def test_too_little_shared_memory_is_an_error():
@@ -186,18 +189,33 @@ def test_split_k_workspace_and_smem_plan():
 
 
 def test_unaligned_b_rows_take_clusters_that_share_b():
-    """N-major B whose rows are not 128-byte multiples: the cluster kernel, its width by waves
-    of clusters: 3000³ is 12 x 16 pairs of 128 x 192 tiles = 2.9 waves of 66 clusters (3
-    tile-times of 192), against 12 x 12 pairs of 128 x 256 = 2.2 waves (3 of 256)."""
+    """N-major B whose rows are not 128-byte multiples: the cluster kernel, its tile by waves
+    of clusters under UNALIGNED_B_TILE_SPEED: 3000³ is 8 x 16 pairs of 192 x 192 tiles = 1.9
+    waves of 66 clusters (2 tile-times of 192 x 192 / 1.04), against 12 x 16 pairs of 128 x 192
+    = 2.9 waves (3 of 128 x 192) and 12 x 12 pairs of 128 x 256 = 2.2 waves (3 of 128 x 256
+    / 1.05)."""
     from hopmm.schedules import (PersistentClusterSchedule, PersistentOverlapSchedule,
                                  PersistentSchedule)
 
     c = choose(3000, 3000, 3000, b_pitch_aligned=False)
-    assert c.schedule is PersistentClusterSchedule and c.config.block_n == 192
-    assert "128 B" in c.reason and "2.91 waves of 66 clusters of 2" in c.reason
-    # 4096 x 4000: 16 x 16 pairs of 256 = 3.9 waves (4 tile-times of 256) against 16 x 21 of 192
-    # = 5.1 (6 of 192)
-    assert choose(4096, 4000, 4096, b_pitch_aligned=False).config.block_n == 256
+    assert c.schedule is PersistentClusterSchedule
+    assert (c.config.block_m, c.config.block_n, c.config.consumers) == (192, 192, 3)
+    assert "128 B" in c.reason and "256 tiles of 192x192 = 1.94 waves of 66 clusters of 2" in c.reason
+    # 3000 x 5000: 192 x 192 fills 3.3 waves (4 tile-times), 128 x 192 4.9 (5): the shorter tile
+    tile = lambda *mnk: (lambda cfg: (cfg.block_m, cfg.block_n))(  # noqa: E731
+        choose(*mnk, b_pitch_aligned=False).config)
+    assert tile(3000, 5000, 3000) == (128, 192)
+    # 4096 x 4000: 16 x 16 pairs of 128 x 256 = 3.9 waves (4 tile-times) against 16 x 21 of
+    # 128 x 192 = 5.1 (6) and 11 x 21 of 192 x 192 = 3.5 (4, each slower)
+    assert tile(4096, 4000, 4096) == (128, 256)
+    assert tile(8000, 3000, 3000) == (128, 256)
+    assert tile(6000, 3000, 3000) == tile(5000, 5000, 5000) == (192, 192)
+    # the cluster schedule forced on such rows ranks its tiles the same way; on aligned rows
+    # 192 x 192 has no such edge (TILE_SPEED), and 128 x 192 takes the tie of 3000³
+    forced = choose(3000, 3000, 3000, b_pitch_aligned=False, schedule="persistent_cluster")
+    assert (forced.config.block_m, forced.config.block_n) == (192, 192)
+    aligned = choose(3000, 3000, 3000, schedule="persistent_cluster")
+    assert (aligned.config.block_m, aligned.config.block_n) == (128, 192)
     assert c.config.stages >= heuristics.FAST_STAGES
     # aligned rows, K-major B (its box rows run along K, like A's: measured cheap) and a forced
     # schedule all keep the usual choice

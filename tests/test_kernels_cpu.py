@@ -7,11 +7,12 @@ import pytest
 from hopmm import compile as compiler
 from hopmm import render, sass
 from hopmm.device import H100_SXM
-from hopmm.schedules import SCHEDULES
+from hopmm.schedules import BLOCK_M, SCHEDULES, TALL_BLOCK_M
 
 CASES = [(sched, cfg) for sched in SCHEDULES.values()
          for cfg in sched.configs(H100_SXM.smem_per_block_optin)]
 IDS = [sched.kernel_name(cfg) for sched, cfg in CASES]
+REGISTER_FILE = 65536
 
 
 @pytest.fixture(scope="module", params=CASES, ids=IDS)
@@ -26,8 +27,9 @@ def test_resources(compiled):
     assert r.spill_stores == r.spill_loads == r.stack_frame == 0, kernel.name
     assert sched.smem_bytes(cfg) <= H100_SXM.smem_per_block_optin
     assert r.problems(sched.smem_bytes(cfg), H100_SXM.smem_per_block_optin) == []
-    # setmaxnreg needs a register cap at entry: 65536 / 384 threads rounds down to 168.
-    assert r.registers <= 168
+    # setmaxnreg needs a register cap at entry: 65536 / threads, rounded down to its step of
+    # 8 (384 threads: 168; 512: 128).
+    assert r.registers <= REGISTER_FILE // sched.threads(cfg) // 8 * 8
 
 
 def test_sass(compiled):
@@ -221,6 +223,22 @@ def test_report_is_read_for_the_named_kernel():
     assert compiler.ResourceReport.parse(log).registers == 4
 
 
+def test_tall_tiles_trade_the_second_staging_box_for_a_fourth_stage():
+    """192 x 192 tiles (48 KB a stage): a ring of two boxes per consumer leaves 3 stages, a ring
+    of one leaves 4 (DEEP_STAGES), and the stage wins; 128-row tiles keep their two boxes."""
+    from hopmm.schedules import DEEP_STAGES, PersistentClusterSchedule as Cluster
+
+    smem = H100_SXM.smem_per_block_optin
+    tall = Cluster.deepest("bfloat16", 192, False, True, smem, TALL_BLOCK_M)
+    assert (tall.block_m, tall.consumers, tall.stages, tall.c_buffers) == (192, 3, DEEP_STAGES, 1)
+    assert Cluster.smem_bytes(tall) <= smem < Cluster.smem_bytes(replace(tall, c_buffers=2))
+    assert Cluster.max_stages(replace(tall, c_buffers=2), smem) == DEEP_STAGES - 1
+    assert Cluster.threads(tall) == 4 * 128
+    # where a ring of two leaves DEEP_STAGES or more, a ring of one is never taken
+    assert all(cfg.c_buffers >= 2 for sched, cfg in CASES if cfg.block_m == BLOCK_M
+               and sched.c_boxes(cfg) >= 2)
+
+
 def test_epilogue_ring_leaves_room_for_stages():
     """128 x 256 tiles stage through a ring of 2 of a consumer's 4 boxes and get a 4th stage
     (a whole staged tile would leave 3); where the whole tile fits beside the deepest ring the
@@ -236,6 +254,7 @@ def test_epilogue_ring_leaves_room_for_stages():
     mid = PersistentSchedule.deepest("bfloat16", 192, False, True, smem)
     assert (mid.stages, mid.c_buffers) == (4, PersistentSchedule.c_boxes(mid))
     for sched, cfg in CASES:
-        assert MIN_C_BUFFERS <= cfg.c_buffers <= sched.c_boxes(cfg), sched.kernel_name(cfg)
+        floor = MIN_C_BUFFERS if cfg.block_m == BLOCK_M else 1
+        assert floor <= cfg.c_buffers <= sched.c_boxes(cfg), sched.kernel_name(cfg)
         with pytest.raises(ValueError, match="staging boxes"):
             sched.render(replace(cfg, c_buffers=sched.c_boxes(cfg) + 1))

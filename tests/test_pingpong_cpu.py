@@ -19,7 +19,7 @@ SMEM = H100_SXM.smem_per_block_optin
 CONFIGS = PingPongSchedule.configs(SMEM)
 TURN_THREADS = 2 * 128       # the waiting consumer and the passing one
 EPILOGUE_THREADS = 128
-TURN_BARRIER_OF_CONSUMER_0 = 3   # kBarrierTurnBase: after __syncthreads' 0 and the epilogue's 1, 2
+TURN_BARRIER_OF_CONSUMER_0 = 4   # kBarrierTurnBase: after __syncthreads' 0 and the epilogue's 1-3
 
 
 def problem(m=8192, n=8192, k=8192, batch=1):

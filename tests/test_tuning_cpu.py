@@ -33,6 +33,23 @@ def test_lookup_returns_the_recorded_winner():
     assert tuning.lookup(other, H100_SXM) is None
 
 
+def test_tall_tile_entries_round_trip_and_old_entries_mean_128_rows():
+    unaligned = Problem(3000, 3000, 3000, 1, "bfloat16", "k", "n", b_pitch_aligned=False)
+    key = tuning.problem_key(unaligned, H100_SXM)
+    tuning.record({key: tuning.TunedEntry("persistent_cluster", 192, 4, 16, 600.0, "d",
+                                          block_m=192)})
+    cfg = tuning.lookup(unaligned, H100_SXM).config
+    assert (cfg.block_m, cfg.block_n, cfg.consumers, cfg.stages) == (192, 192, 3, 4)
+    # a table written before tall tiles: no block_m field
+    data = json.loads(tuning.table_path().read_text())
+    del data[key]["block_m"]
+    tuning.table_path().write_text(json.dumps(data))
+    assert tuning.lookup(unaligned, H100_SXM).config.block_m == 128
+    # a tall tile the schedule does not offer
+    tuning.record({key: tuning.TunedEntry("persistent", 192, 4, 16, 600.0, "d", block_m=192)})
+    assert tuning.lookup(unaligned, H100_SXM) is None
+
+
 def test_record_merges_instead_of_overwriting():
     tuning.record({"a": entry()})
     tuning.record({"b": entry(block_n=128)})
@@ -74,8 +91,10 @@ def test_candidates_cover_schedules_widths_and_groups():
     cands = tuning.candidates(PROBLEM, H100_SXM)
     names = {tuning.label(c) for c in cands}
     # pingpong: 128 only; split_k: none here, its co-residency bound leaves no room to split.
-    widths = sum(len(s.block_ns) for s in SCHEDULES.values() if not s.split_k)
-    assert len(names) == len(cands) == widths * len(tuning.RASTER_GROUPS)
+    shapes = sum(len(s.tile_shapes()) for s in SCHEDULES.values() if not s.split_k)
+    assert len(names) == len(cands) == shapes * len(tuning.RASTER_GROUPS)
+    assert {(c.schedule.name, c.config.block_m, c.config.block_n) for c in cands} >= {
+        ("persistent_cluster", 192, 192), ("persistent", 128, 256)}
     assert {(c.schedule.name, c.config.block_n) for c in cands} >= {("pingpong", 128)}
     assert not any(c.schedule.name == "pingpong" and c.config.block_n != 128 for c in cands)
     assert {c.schedule.name for c in cands} >= {"persistent", "persistent_cluster"}

@@ -68,7 +68,7 @@ __device__ __forceinline__ void run_persistent(const TensorMap* map_a, const Ten
         persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, num_k_blocks, batch_a,
                                            batch_b, walk);
     } else {
-        setmaxnreg_inc<kConsumerRegs>();
+        setmaxnreg_inc<S::kConsumerRegs>();
         consumer_side(smem, warpgroup - 1, thread, num_k_blocks, walk);
     }
 }

@@ -93,7 +93,7 @@ __device__ __forceinline__ void run_persistent_cluster(const TensorMap* map_a,
             grid_launch_dependents();  // the last load is issued
         }
     } else {
-        setmaxnreg_inc<kConsumerRegs>();
+        setmaxnreg_inc<S::kConsumerRegs>();
         consumer_side(smem, warpgroup - 1, thread, num_k_blocks, walk);
     }
     // A peer may still arrive on this CTA's empty barriers (its consumers' last releases)

@@ -17,8 +17,9 @@
 
 namespace hopmm {
 
-// Registers a consumer thread may give to its two accumulator sets.
-constexpr int kMaxDoubleAccumulatorRegs = 192;
+// Registers a consumer thread keeps beside its two accumulator sets (addressing, the
+// epilogue's conversions).
+constexpr int kConsumerWorkingRegs = 40;
 
 template <class Cfg, class Consumer, class Epilogue, class Walk>
 struct OverlappedTiles {
@@ -87,7 +88,8 @@ __device__ __forceinline__ void overlapped_consumer(const SharedStorage<Cfg>& sm
                                                     int thread, int num_k_blocks,
                                                     const Walk& walk) {
     typedef TileShape<Cfg> S;
-    static_assert(2 * S::kRowBlocks * Consumer::kAccRegs <= kMaxDoubleAccumulatorRegs,
+    static_assert(2 * S::kRowBlocks * Consumer::kAccRegs + kConsumerWorkingRegs <=
+                      (int)S::kConsumerRegs,
                   "two accumulator sets must fit a consumer's registers");
     int ring = 0;
     const OverlappedTiles<Cfg, Consumer, Epilogue, Walk> tiles{smem, map_c, walk, consumer,

@@ -53,7 +53,7 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
             grid_launch_dependents();  // the last load is issued
         }
     } else {
-        setmaxnreg_inc<kConsumerRegs>();
+        setmaxnreg_inc<S::kConsumerRegs>();
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
         consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);

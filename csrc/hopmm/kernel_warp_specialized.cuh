@@ -32,7 +32,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
             grid_launch_dependents();  // the last load is issued
         }
     } else {
-        setmaxnreg_inc<kConsumerRegs>();
+        setmaxnreg_inc<S::kConsumerRegs>();
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
         consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);

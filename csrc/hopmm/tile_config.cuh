@@ -12,13 +12,22 @@ constexpr int kElemBytes = 2;        // fp16 / bf16 operands and output
 constexpr int kTmaBoxElems = 64;     // one 128-byte swizzle row of 16-bit elements
 constexpr u32 kSmemAlign = 1024;     // 128B-swizzle pattern period: tiles start on it
 
-// Register split between the producer warpgroup and the consumer warpgroups (setmaxnreg).
-// 128 * 40 + 256 * 232 = 64,512 of the SM's 65,536 registers.
+// Register split between the producer warpgroup and the consumer warpgroups (setmaxnreg):
+// the producer keeps kProducerRegs, the consumers share the rest of the SM's 65,536 registers
+// in steps of 8. Two consumers: 128 * 40 + 256 * 232 = 64,512; three: 128 * 40 + 384 * 152
+// = 63,488 (a 64 x 192 accumulator is 96 of them).
+constexpr u32 kRegisterFile = 65536;
 constexpr u32 kProducerRegs = 40;
-constexpr u32 kConsumerRegs = 232;
+constexpr u32 kMaxRegsPerThread = 256;
+constexpr u32 kSetmaxnregStep = 8;
+__host__ __device__ constexpr u32 consumer_regs(int consumers) {
+    const u32 share = (kRegisterFile - kWarpgroupThreads * kProducerRegs) /
+                      (consumers * kWarpgroupThreads) / kSetmaxnregStep * kSetmaxnregStep;
+    return share < kMaxRegsPerThread ? share : kMaxRegsPerThread;
+}
 
 // Named barrier ids (0 belongs to __syncthreads; the hardware has 16).
-constexpr u32 kMaxConsumers = 2;  // warpgroups of kConsumerRegs that fit the register split above
+constexpr u32 kMaxConsumers = 3;  // consumer warpgroups of a CTA: up to a 192-row tile
 constexpr u32 kBarrierEpilogueBase = 1;   // + consumer index
 // Ping-pong: consumer c waits on kBarrierTurnBase + c for its turn on the tensor cores.
 constexpr u32 kBarrierTurnBase = kBarrierEpilogueBase + kMaxConsumers;  // + consumer index
@@ -47,7 +56,8 @@ struct TileShape {
     // Consumer warpgroups that read each stage, each arriving once on its empty barrier.
     static constexpr int kStageReaders = kConsumersShareTile ? kConsumers : 1;
     static constexpr u32 kEmptyArrivals = kStageReaders * kClusterSize;
-    static_assert(kConsumers <= (int)kMaxConsumers, "named barrier ids are planned for two");
+    static_assert(kConsumers <= (int)kMaxConsumers, "named barrier ids are planned for three");
+    static constexpr u32 kConsumerRegs = consumer_regs(kConsumers);
     static_assert(kConsumerRows % kWgmmaM == 0, "a consumer's rows are whole m64 wgmma blocks");
     static_assert(kConsumersShareTile ? kBlockM == kConsumers * kConsumerRows
                                       : kConsumerRows == kBlockM,
