@@ -65,3 +65,32 @@ def test_copy_rows_is_an_exact_copy(case):
     launch.copy_rows(d, s)
     assert bool(cupy.array_equal(d.view(cupy.uint16), s.view(cupy.uint16)))
     assert int(cupy.isnan(dst_buf.astype(cupy.float32)).sum()) == dst_buf.size - s.size
+
+
+@pytest.mark.parametrize("case", ["odd_pitch", "odd_destination", "reversed_rows",
+                                  "many_rows", "short_rows", "fp16_batch"])
+def test_copy_rows_edges(case):
+    """launch.copy_rows on the copies hopmm makes: source rows starting on any 2-byte boundary
+    (a pitch of 4097 elements), destination rows that are not 16-byte multiples, a negative
+    row stride, 70001 rows, rows of 3 elements, a batch; every element copied, nothing around
+    it written."""
+    import cupy
+
+    from hopmm import launch
+
+    dtype = "float16" if case == "fp16_batch" else "bfloat16"
+    shape, src_of, dst_of = {
+        "odd_pitch": ((1000, 4097), lambda x: x, lambda buf: buf[:1000, :4097]),
+        "odd_destination": ((999, 1023), lambda x: x, lambda buf: buf[1:1000, 3:1026]),
+        "reversed_rows": ((300, 517), lambda x: x[::-1], lambda buf: buf[:300, 5:522]),
+        "many_rows": ((70001, 9), lambda x: x, lambda buf: buf[:70001, 1:10]),
+        "short_rows": ((33, 3), lambda x: x, lambda buf: buf[:33, 8:11]),
+        "fp16_batch": ((3, 301, 129), lambda x: x, lambda buf: buf[:, :301, 64:193]),
+    }[case]
+    src = src_of(rand(shape, dtype))
+    buf_shape = shape[:-2] + (shape[-2] + 2, shape[-1] + 72)
+    buf = cupy.full(buf_shape, cupy.nan, dtype=src.dtype)
+    dst = dst_of(buf)
+    launch.copy_rows(dst, src)
+    assert bool(cupy.array_equal(dst.view(cupy.uint16), src.view(cupy.uint16)))
+    assert int(cupy.isnan(buf.astype(cupy.float32)).sum()) == buf.size - src.size
