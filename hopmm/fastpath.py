@@ -21,9 +21,13 @@ MAX_RECIPES = 4096
 class OperandCopy:
     """How a call made the aligned copy the kernel read: `view_of(x)` is the (batch, rows,
     cols) view of the caller's operand that it copied (reshapes and indexing only), and
-    `padded_shape` the (batch, rows, pitch) buffer it copied into."""
+    `padded_shape` the (batch, rows, pitch) buffer it copied into. Where the view is one
+    matrix with contiguous rows, `rows_at` is (its offset from x's base pointer, its row
+    stride, its row bytes), all in bytes: fixed by x's shape and strides, which the recipe's key
+    holds, so a repeat copies from x's pointer without making the view."""
     view_of: Callable
     padded_shape: tuple
+    rows_at: tuple | None = None
 
     @classmethod
     def of(cls, x, view, copy, view_of: Callable):
@@ -33,13 +37,25 @@ class OperandCopy:
         view_bounds = byte_bounds(view.data.ptr, view.shape, view.strides, view.itemsize)
         if not overlaps(x_bounds, view_bounds) or copy.data.ptr == view.data.ptr:
             return None
-        return cls(view_of, (copy.shape[0], copy.shape[1], copy.strides[1] // copy.itemsize))
+        rows = launch.matrix_rows(view)
+        rows_at = None if rows is None else (rows[0] - x.data.ptr, rows[1], rows[3])
+        return cls(view_of, (copy.shape[0], copy.shape[1], copy.strides[1] // copy.itemsize),
+                   rows_at)
 
     def make(self, x):
-        view = self.view_of(x)
+        """A new aligned copy of x's view: a (batch, rows, pitch) buffer whose first columns
+        hold it (the launches read it through its pointer)."""
+        import cupy
+
         batch, rows, pitch = self.padded_shape
-        buf = launch.padded_empty(batch, rows, view.shape[2], pitch, x.dtype)
-        launch.copy_rows(buf, view)
+        buf = cupy.empty((batch, rows, pitch), dtype=x.dtype)
+        if self.rows_at is not None:
+            offset, stride, width = self.rows_at
+            if launch.pitched_copy(buf.data.ptr, pitch * x.itemsize, x.data.ptr + offset,
+                                   stride, width, rows):
+                return buf
+        view = self.view_of(x)
+        launch.copy_rows(buf[:, :, :view.shape[2]], view)
         return buf
 
 
@@ -78,10 +94,14 @@ class Recipe:
         b_read = self.b_copy.make(b) if self.b_copy else b
         if self.c_buffer is None:
             launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, result.data.ptr)
-        else:
-            c3 = launch.padded_empty(*self.c_buffer, self.dtype)
-            launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, c3.data.ptr)
-            launch.copy_rows(result, c3.reshape(self.out_shape))
+            return result
+        batch, m, n, pitch = self.c_buffer
+        c3 = cupy.empty((batch, m, pitch), dtype=self.dtype)
+        launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, c3.data.ptr)
+        out_rows = launch.matrix_rows(result) if batch == 1 else None
+        if out_rows is None or not launch.pitched_copy(
+                out_rows[0], out_rows[1], c3.data.ptr, pitch * c3.itemsize, out_rows[3], m):
+            launch.copy_rows(result, c3[:, :, :n].reshape(self.out_shape))
         return result
 
 

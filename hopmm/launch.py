@@ -48,26 +48,42 @@ def programmatic_launch() -> bool:
 MAX_COPY_PITCH = 2**31
 
 
-def copy_rows(dst, src) -> None:
-    """dst[...] = src for two arrays of one shape and dtype, on the current stream. Matrices
-    whose rows are contiguous go through one pitched copy (cudaMemcpy2DAsync: a few us of host
-    time, where CuPy's strided elementwise copy costs 25-35 us); anything else through CuPy."""
+def pitched_copy(dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, width: int,
+                 rows: int) -> bool:
+    """`rows` rows of `width` bytes, `*_pitch` bytes apart, on the current stream through one
+    cudaMemcpy2DAsync (a few us of host time, where CuPy's strided elementwise copy costs
+    25-35 us); False, copying nothing, where the runtime cannot take the pitches."""
     import cupy
 
-    item = src.itemsize
-    mats = [x[0] if x.ndim == 3 and x.shape[0] == 1 else x for x in (dst, src)]
-    if (dst.shape == src.shape and dst.dtype == src.dtype
-            and all(x.ndim == 2 and x.strides[1] == item for x in mats)):
-        rows, cols = mats[0].shape
-        width = cols * item
-        # One row: its stride is never stepped over.
-        pitches = [x.strides[0] if rows > 1 else width for x in mats]
-        if all(width <= p < MAX_COPY_PITCH for p in pitches):
-            if rows and cols:
-                (d, s), (dp, sp) = mats, pitches
-                cupy.cuda.runtime.memcpy2DAsync(d.data.ptr, dp, s.data.ptr, sp, width, rows,
-                                                cupy.cuda.runtime.memcpyDeviceToDevice,
-                                                cupy.cuda.get_current_stream().ptr)
+    # One row: its pitch is never stepped over.
+    pitches = (dst_pitch, src_pitch) if rows > 1 else (width, width)
+    if not all(width <= p < MAX_COPY_PITCH for p in pitches):
+        return False
+    if rows and width:
+        cupy.cuda.runtime.memcpy2DAsync(dst_ptr, pitches[0], src_ptr, pitches[1], width, rows,
+                                        cupy.cuda.runtime.memcpyDeviceToDevice,
+                                        cupy.cuda.get_current_stream().ptr)
+    return True
+
+
+def matrix_rows(x) -> tuple[int, int, int, int] | None:
+    """(pointer, row stride, rows, row bytes) of a matrix, or a batch of one matrix, whose
+    rows are contiguous; None otherwise. Read off shape and strides: no view is made."""
+    shape, strides = x.shape, x.strides
+    if len(shape) == 3 and shape[0] == 1:
+        shape, strides = shape[1:], strides[1:]
+    if len(shape) != 2 or strides[1] != x.itemsize:
+        return None
+    return x.data.ptr, strides[0], shape[0], shape[1] * x.itemsize
+
+
+def copy_rows(dst, src) -> None:
+    """dst[...] = src for two arrays of one shape and dtype, on the current stream: one
+    pitched copy (pitched_copy) where both are matrices, or batches of one, with contiguous
+    rows; anything else through CuPy."""
+    if dst.shape == src.shape and dst.dtype == src.dtype:
+        d, s = matrix_rows(dst), matrix_rows(src)
+        if d is not None and s is not None and pitched_copy(d[0], d[1], s[0], s[1], d[3], d[2]):
             return
     dst[...] = src
 

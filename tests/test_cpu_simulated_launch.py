@@ -258,6 +258,28 @@ def test_repeat_calls_reuse_launches_on_new_arrays(simulated_gpu, monkeypatch):
     assert len(planned) == 1 and SimulatedLaunch.launches == 3
 
 
+@pytest.mark.parametrize("case", ["odd_sizes_copied", "misaligned_base", "negative_strides",
+                                  "vector_b", "fp16"])
+def test_repeat_calls_with_copies_read_the_new_operands(simulated_gpu, monkeypatch, case):
+    """Repeats of calls whose operands or result are copied take the recipe, which copies
+    straight from the new arrays' pointers (stored offsets and pitches) where the copied view
+    is one matrix with contiguous rows, and through the view otherwise (reversed columns)."""
+    planned, views = [], []
+    real_plan, real_view = api.plan, api._batch_view
+    monkeypatch.setattr(api, "plan", lambda *args: planned.append(1) or real_plan(*args))
+    monkeypatch.setattr(api, "_batch_view", lambda *args, **kw: views.append(1) or
+                        real_view(*args, **kw))
+    for _ in range(3):
+        a, b = CASES[case]()
+        expect(a, b, hopmm.matmul(a, b))
+        shape = np.matmul(np.zeros(a.shape, np.float32), np.zeros(b.shape, np.float32)).shape
+        out = fake(np.full(shape, np.nan, dtype=a.dtype))
+        assert hopmm.matmul(a, b, out=out) is out
+        expect(a, b, out)
+    assert len(planned) == 2   # one call without out=, one with
+    assert bool(views) == (case == "negative_strides")   # B's columns reversed: its view
+
+
 def test_repeat_calls_with_out_take_the_fast_path_unless_out_aliases(simulated_gpu,
                                                                      monkeypatch):
     planned = []
