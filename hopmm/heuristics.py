@@ -62,7 +62,8 @@ class Choice:
 # filled the SMs equally; 192 ran level with 256 or ahead (v0.5, 4 stages against 3: up to 2 %;
 # v0.6, 4 stages each: 6144³, 9 tile-times either way, 693 against 658). Rated a hair faster,
 # so that it wins ties. 192 x 192 (clusters only) ran within 1 % of 128 x 192 wherever both
-# took the same tile-times (v0.10: 6144³, 4096³, 4096 x 28672 x 8192), rated a hair slower.
+# took the same or nearly the same tile-times (v0.10: 6144³, 4096³, 4096 x 28672 x 8192),
+# rated a hair slower.
 TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
               (TALL_BLOCK_M, 192): 1.0}
 # N-major B whose rows are not multiples of 128 bytes (Problem.b_pitch_aligned): each 128-byte
