@@ -38,7 +38,7 @@ class OperandCopy:
         if not overlaps(x_bounds, view_bounds) or copy.data.ptr == view.data.ptr:
             return None
         rows = launch.matrix_rows(view)
-        rows_at = None if rows is None else (rows[0] - x.data.ptr, rows[1], rows[3])
+        rows_at = None if rows is None else (rows.ptr - x.data.ptr, rows.stride, rows.width)
         return cls(view_of, (copy.shape[0], copy.shape[1], copy.strides[1] // copy.itemsize),
                    rows_at)
 
@@ -98,9 +98,11 @@ class Recipe:
         batch, m, n, pitch = self.c_buffer
         c3 = cupy.empty((batch, m, pitch), dtype=self.dtype)
         launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, c3.data.ptr)
-        out_rows = launch.matrix_rows(result) if batch == 1 else None
-        if out_rows is None or not launch.pitched_copy(
-                out_rows[0], out_rows[1], c3.data.ptr, pitch * c3.itemsize, out_rows[3], m):
+        # One matrix of m rows of n elements (not a vector or a batch): straight from c3.
+        rows = launch.matrix_rows(result) if batch == 1 else None
+        if (rows is None or (rows.rows, rows.width) != (m, n * c3.itemsize)
+                or not launch.pitched_copy(rows.ptr, rows.stride, c3.data.ptr,
+                                           pitch * c3.itemsize, rows.width, m)):
             launch.copy_rows(result, c3[:, :, :n].reshape(self.out_shape))
         return result
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+from typing import NamedTuple
 
 from . import compile as compiler
 from . import layout, tma, workspace
@@ -66,15 +67,23 @@ def pitched_copy(dst_ptr: int, dst_pitch: int, src_ptr: int, src_pitch: int, wid
     return True
 
 
-def matrix_rows(x) -> tuple[int, int, int, int] | None:
-    """(pointer, row stride, rows, row bytes) of a matrix, or a batch of one matrix, whose
-    rows are contiguous; None otherwise. Read off shape and strides: no view is made."""
+class MatrixRows(NamedTuple):
+    """Where a matrix's contiguous rows lie, in bytes."""
+    ptr: int
+    stride: int   # from one row to the next
+    rows: int
+    width: int    # bytes of one row
+
+
+def matrix_rows(x) -> MatrixRows | None:
+    """The rows of a matrix, or of a batch of one matrix, whose rows are contiguous; None
+    otherwise. Read off shape and strides: no view is made."""
     shape, strides = x.shape, x.strides
     if len(shape) == 3 and shape[0] == 1:
         shape, strides = shape[1:], strides[1:]
     if len(shape) != 2 or strides[1] != x.itemsize:
         return None
-    return x.data.ptr, strides[0], shape[0], shape[1] * x.itemsize
+    return MatrixRows(x.data.ptr, strides[0], shape[0], shape[1] * x.itemsize)
 
 
 def copy_rows(dst, src) -> None:
@@ -83,7 +92,8 @@ def copy_rows(dst, src) -> None:
     rows; anything else through CuPy."""
     if dst.shape == src.shape and dst.dtype == src.dtype:
         d, s = matrix_rows(dst), matrix_rows(src)
-        if d is not None and s is not None and pitched_copy(d[0], d[1], s[0], s[1], d[3], d[2]):
+        if (d is not None and s is not None
+                and pitched_copy(d.ptr, d.stride, s.ptr, s.stride, d.width, d.rows)):
             return
     dst[...] = src
 

@@ -17,6 +17,13 @@ def operands(m, n, k, dtype, ta=False, tb=False, batch=()):
     return a, b
 
 
+def tile_shape(tile) -> tuple[int, int]:
+    """(block_m, block_n) of a tile given as its width (128 rows) or as that pair."""
+    from hopmm.schedules import BLOCK_M
+
+    return tile if isinstance(tile, tuple) else (BLOCK_M, tile)
+
+
 def run(a, b, schedule, tile, group=16):
     """C = A @ B on one forced schedule, tile and raster group, stored into a NaN-poisoned
     buffer with spare rows below each slice and padding right of each row. Returns (the
@@ -26,13 +33,13 @@ def run(a, b, schedule, tile, group=16):
     from hopmm import api, launch, layout
     from hopmm.device import query
     from hopmm.heuristics import Choice
-    from hopmm.schedules import BLOCK_M, SCHEDULES
+    from hopmm.schedules import SCHEDULES
 
     shapes = layout.matmul_shapes(a.shape, b.shape)
     call = api._kernel_call(a, b, shapes)
     sched = SCHEDULES[schedule]
     p = call.problem
-    block_m, block_n = tile if isinstance(tile, tuple) else (BLOCK_M, tile)
+    block_m, block_n = tile_shape(tile)
     cfg = sched.deepest(p.dtype, block_n, p.trans_a, p.trans_b,
                         query(cupy.cuda.Device().id).smem_per_block_optin, block_m)
     choice = Choice(sched, cfg, "test", group)
