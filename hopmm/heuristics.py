@@ -93,6 +93,16 @@ UNALIGNED_B_TILE_SPEED = {(BLOCK_M, 256): 1.05, (BLOCK_M, 192): 1.0, (BLOCK_M, 1
 # 620, 640 against 652 at 4096³), and 128 x 256 tiles have no registers for a second set.
 OVERLAP_WIDTHS = (192,)
 
+# Aligned rows: the cluster kernel's 192 x 192 tile where its waves are fuller than any 128-row
+# tile's. Measured on an H100 (bench/NOTES.md v0.11, bf16, two passes, x best cuBLAS): nine
+# shapes the tile-time model gave it by 3.5-29 % ran 1.01-1.03 on it against 0.75-0.97 on the
+# persistent kernels (2304 x 2048 x 8192: 66 pairs of tiles, one wave of 66 clusters, against
+# 198 tiles of 128 x 192 in two waves of 132 SMs). Rated at TILE_SPEED[192 x 192], it is taken
+# only where the model puts it ahead by this factor: at equal waves the persistent kernels ran
+# 1-2 % ahead of the cluster ones on aligned rows (v0.8).
+TALL_CLUSTER_MIN_GAIN = 1.03
+TALL_TILE = (TALL_BLOCK_M, 192)
+
 # Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
 # of an L2 round trip): such a width is taken only where no width gets this many.
 FAST_STAGES = 3
@@ -208,8 +218,33 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
             why += ("; two accumulator sets per consumer, so each tile's epilogue overlaps the "
                     "next tile's first k-block")
             sched, cfg = PersistentOverlapSchedule, overlap
+    if schedule is None:
+        tall = _tall_cluster(problem, device, (cfg.block_m, cfg.block_n))
+        if tall is not None:
+            sched, cfg, why = tall
     group = _raster_group(problem, sched, cfg.block_m)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
+
+
+def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int]):
+    """(schedule, config, why) of the cluster kernel's TALL_TILE where the tile-time model
+    puts it TALL_CLUSTER_MIN_GAIN ahead of the persistent kernels' `shape`; else None."""
+    sched = PersistentClusterSchedule
+    cfg = sched.deepest(problem.dtype, TALL_TILE[1], problem.trans_a, problem.trans_b,
+                        device.smem_per_block_optin, TALL_TILE[0])
+    if cfg is None or cfg.stages < FAST_STAGES:
+        return None
+    tall = _relative_time(sched, problem, device, TALL_TILE, TILE_SPEED)
+    persistent = _relative_time(PersistentSchedule, problem, device, shape, TILE_SPEED)
+    if tall * TALL_CLUSTER_MIN_GAIN > persistent:
+        return None
+    workers, units = _workers(sched, device)
+    waves = _tile_groups(sched, problem, TALL_TILE) / workers
+    why = (f"{_tiles(problem, *TALL_TILE)} tiles of {TALL_TILE[0]}x{TALL_TILE[1]} in pairs = "
+           f"{waves:.2f} waves of {workers} {units}, {persistent / tall:.2f}x fewer tile-times "
+           f"than {shape[0]}x{shape[1]} tiles on the persistent kernels; clusters of "
+           f"{sched.cluster_size} CTAs share each B tile")
+    return sched, cfg, why
 
 
 def _raster_group(problem: Problem, sched, block_m: int) -> int:

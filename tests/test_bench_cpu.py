@@ -81,7 +81,7 @@ def test_cli_rejects_bad_dtype(capsys):
 
 def test_cli_defaults_and_quick():
     full = bench.parse_args([])
-    assert len(full.shapes) == 12 and full.shapes[0] == (8192, 8192, 8192)
+    assert len(full.shapes) == 13 and full.shapes[0] == (8192, 8192, 8192)
     assert full.dtypes == ["bf16", "fp16"]
     assert full.seconds_per_shape == bench.DEFAULT_WARMUP_S and full.rounds == bench.DEFAULT_ROUNDS
     quick = bench.parse_args(["--quick"])

@@ -94,3 +94,19 @@ def test_copy_rows_edges(case):
     launch.copy_rows(dst, src)
     assert bool(cupy.array_equal(dst.view(cupy.uint16), src.view(cupy.uint16)))
     assert int(cupy.isnan(buf.astype(cupy.float32)).sum()) == buf.size - src.size
+
+
+def test_aligned_rows_take_the_tall_cluster_tile_where_its_waves_are_fuller():
+    """2304 x 2048: 66 pairs of 192 x 192 tiles fill the 66 clusters once, where 128-row tiles
+    take two waves (heuristics.TALL_CLUSTER_MIN_GAIN)."""
+    import cupy
+
+    import hopmm
+
+    a, b = rand((2304, 1024), "bfloat16"), rand((1024, 2048), "bfloat16")
+    text = hopmm.explain(a, b)
+    assert "schedule: persistent_cluster\n" in text and "fewer tile-times" in text
+    assert "3 warpgroups share each 192x192 tile" in text
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    got = hopmm.matmul(a, b).astype(cupy.float32)
+    assert float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)) < TOL["bfloat16"]

@@ -309,6 +309,27 @@ def test_repeat_calls_take_the_fast_path_with_new_data(dtype, monkeypatch):
     assert len(planned) == 2  # the first out= call and the first fresh-result call
 
 
+def test_repeat_launches_reuse_cached_maps_only_for_their_own_arrays():
+    """KernelLaunch keeps the tensor maps of the last few base addresses of each operand: a
+    rotation through more operand sets than it keeps, revisited in another order and with
+    operands swapped between sets, must read each call's own arrays every time."""
+    import hopmm
+    from hopmm import fastpath
+
+    fastpath.clear()
+    sets = [(rand((384, 320), "bfloat16"), rand((320, 512), "bfloat16")) for _ in range(7)]
+    outs = [poisoned_out(a, b) for a, b in sets]
+    order = list(range(7)) + [6, 0, 3, 3, 1, 5, 2, 4, 0]
+    for i in order:
+        a, b = sets[i]
+        b_other = sets[(i + 1) % 7][1]   # A of one set with B of another
+        for bb in (b, b_other):
+            out = outs[i]
+            out.fill(float("nan"))
+            hopmm.matmul(a, bb, out=out)
+            assert rel_err(out, a, bb) < TOL["bfloat16"]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", ["odd_rows", "transposed_odd", "vector", "sliced_offset",
                                   "batched_odd", "broadcast_materialised"])

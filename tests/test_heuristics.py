@@ -240,3 +240,52 @@ def test_b_pitch_alignment_is_part_of_the_problem():
     assert tuning.problem_key(aligned, H100_SXM) != tuning.problem_key(unaligned, H100_SXM)
     with pytest.raises(ValueError, match="b_pitch_aligned"):
         Problem(3000, 3000, 3000, 1, "bfloat16", b_pitch_aligned=1)
+
+
+# The nine aligned shapes measured on the tall cluster tile (bench/NOTES.md v0.11) and the
+# shapes of the issue's targets, which keep the persistent kernels.
+TALL_ALIGNED = [(2304, 2048, 8192), (2304, 2048, 2048), (3072, 1536, 4096), (1536, 3072, 4096),
+                (6144, 2304, 4096), (4608, 3072, 4096), (2560, 5120, 4096), (5632, 4096, 4096),
+                (3072, 4608, 2048)]
+PERSISTENT_TARGETS = [(8192, 8192, 8192), (6144, 6144, 6144), (4096, 4096, 4096),
+                      (4096, 28672, 8192), (4096, 8192, 28672), (4096, 14336, 4096),
+                      (8192, 8192, 1024), (2048, 2048, 2048), (1024, 1024, 1024), (512, 512, 512)]
+
+
+@pytest.mark.parametrize("m,n,k", TALL_ALIGNED)
+@pytest.mark.parametrize("a_major,b_major", [("k", "n"), ("m", "k")])
+def test_aligned_rows_take_the_tall_cluster_tile_where_its_waves_are_fuller(m, n, k, a_major,
+                                                                            b_major):
+    from hopmm.schedules import PersistentClusterSchedule
+
+    c = choose(m, n, k, a_major=a_major, b_major=b_major)
+    assert c.schedule is PersistentClusterSchedule
+    assert (c.config.block_m, c.config.block_n, c.config.consumers) == (192, 192, 3)
+    assert c.config.stages >= heuristics.FAST_STAGES and "fewer tile-times" in c.reason
+
+
+def test_tall_cluster_tile_reason_counts_its_waves():
+    # 12 x 11 tiles of 192 x 192 = 66 pairs: one wave of 66 clusters, against 18 x 11 tiles of
+    # 128 x 192 in two waves of 132 SMs: 2 x 24576 / 1.01 against 36864 / 1.0
+    c = choose(2304, 2048, 8192)
+    assert "132 tiles of 192x192 in pairs = 1.00 waves of 66 clusters of 2" in c.reason
+    assert "1.32x fewer tile-times than 128x192" in c.reason
+
+
+@pytest.mark.parametrize("m,n,k", PERSISTENT_TARGETS)
+def test_target_shapes_keep_the_persistent_kernels(m, n, k):
+    assert choose(m, n, k).schedule.name in ("persistent", "persistent_overlap")
+
+
+def test_tall_cluster_tile_needs_the_margin(monkeypatch):
+    """5632 x 4096: 330 pairs of 192 x 192 take 5 waves of 66 clusters, 968 tiles of 128 x 192 8
+    of 132 SMs: 5.6 % fewer tile-times on the tall tile, taken at a 3 % margin, not at 6 %; a
+    forced schedule is never replaced."""
+    assert choose(5632, 4096, 4096).config.block_m == 192
+    monkeypatch.setattr(heuristics, "TALL_CLUSTER_MIN_GAIN", 1.06)
+    heuristics.choose.cache_clear()
+    assert choose(5632, 4096, 4096).schedule.name == "persistent_overlap"
+    heuristics.choose.cache_clear()
+    monkeypatch.undo()
+    assert choose(2304, 2048, 8192, schedule="persistent").schedule.name == "persistent"
+    heuristics.choose.cache_clear()
