@@ -101,7 +101,7 @@ OVERLAP_WIDTHS = (192,)
 # only where the model puts it ahead by this factor: at equal waves the persistent kernels ran
 # 1-2 % ahead of the cluster ones on aligned rows (v0.8).
 TALL_CLUSTER_MIN_GAIN = 1.03
-TALL_TILE = (TALL_BLOCK_M, 192)
+TALL_TILE = (TALL_BLOCK_M, PersistentClusterSchedule.tall_block_ns[0])
 
 # Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
 # of an L2 round trip): such a width is taken only where no width gets this many.
