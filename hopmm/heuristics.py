@@ -95,7 +95,7 @@ OVERLAP_WIDTHS = (192,)
 
 # Aligned rows: the cluster kernel's 192 x 192 tile where its waves are fuller than any 128-row
 # tile's. Measured on an H100 (bench/NOTES.md v0.11, bf16, two passes, x best cuBLAS): nine
-# shapes the tile-time model gave it by 3.5-29 % ran 1.01-1.03 on it against 0.75-0.97 on the
+# shapes the tile-time model gave it by 6-32 % ran 1.01-1.03 on it against 0.75-0.97 on the
 # persistent kernels (2304 x 2048 x 8192: 66 pairs of tiles, one wave of 66 clusters, against
 # 198 tiles of 128 x 192 in two waves of 132 SMs). Rated at TILE_SPEED[192 x 192], it is taken
 # only where the model puts it ahead by this factor: at equal waves the persistent kernels ran
