@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, KernelConfig,
+from .schedules import (BLOCK_M, ELEM_BYTES, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, KernelConfig,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
                         PersistentSchedule, SplitKSchedule)
 
@@ -29,21 +29,28 @@ RASTER_GROUP_M_OVERLAP = 4
 # and K is long: idle SMs then take slices of K. Its cost is a serial hand-off per split
 # (semaphore acquire, one bulk reduce of the partial, its completion, release), so the split
 # count is the minimum of a small time model fitted to H100 measurements (bf16, 128x128 tiles,
-# bench/NOTES.md "Split-K"):
-#   time(s) = max(ceil(k_blocks / s) * KBLOCK_US,  all CTAs' operand bytes / L2_TBPS)
-#             + (s - 1) * HANDOFF_US
+# bench/NOTES.md "Split-K" and v0.11):
+#   time(s) = max(ceil(k_blocks / s) * KBLOCK_US,  A's and B's bytes / DRAM_TBPS,
+#                 all CTAs' operand tiles / L2_TBPS)  +  (s - 1) * HANDOFF_US
 # - KBLOCK_US: one 128x128x64 k-block on one SM when few SMs run (256x256x65536 and
 #   512x512x16384 on 4 and 16 CTAs: 0.29 us);
-# - L2_TBPS: the operand tiles every CTA streams (32 KB per k-block) share the L2 bandwidth,
-#   which splitting does not reduce (1000x1023x4097: 2 splits no faster than 1);
-# - HANDOFF_US: 256x256x65536 took 59 us with 8 splits and 63 with 16: about 3 us each.
+# - DRAM_TBPS: A and B are read from memory at least once, whatever the split
+#   (128x4096x16384: 138 MB, best at 2 splits; 64x2048x32768: 138 MB, best at 4);
+# - L2_TBPS: the operand tiles every CTA streams (32 KB per k-block) share the L2 bandwidth;
+#   1024x1024x16384 on 2 splits streamed 537 MB of them in 35 us;
+# - HANDOFF_US: 256x256x65536 took 59 us with 8 splits and 63 with 16; 512x1024x8192 ran 7 %
+#   faster on 3 splits than on 4, 512x512x16384 10 % faster on 4 than on 3.
 SPLIT_K_KBLOCK_US = 0.3
-SPLIT_K_L2_TBPS = 6.5
-SPLIT_K_HANDOFF_US = 3.0
+SPLIT_K_DRAM_TBPS = 3.0
+SPLIT_K_L2_TBPS = 16.0
+SPLIT_K_HANDOFF_US = 3.7
 # Taken only when the model predicts at least this gain over one split.
 SPLIT_K_MIN_GAIN = 1.1
-# Every split keeps at least this many k-blocks (the stage ring reaches steady state).
-SPLIT_K_MIN_K_BLOCKS = 8
+# Every split keeps at least this many k-blocks. Measured (H100, bench/NOTES.md v0.11): 2 splits
+# of 32 k-blocks ran 8-16 % faster than one (1000 x 1024 x 4096, 768 x 1024 x 4096, 1024 x 1024
+# x 4096) and of 24 8 % faster (640 x 1024 x 3072); 2 splits of 16 ran 4-13 % slower (1024 x
+# 1024 x 2048, 1024 x 512 x 2048, 512 x 512 x 2048), which the time model does not see.
+SPLIT_K_MIN_K_BLOCKS = 24
 SPLIT_K_MAX_SPLITS = 16
 
 
@@ -135,11 +142,13 @@ def _relative_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int
     return waves * shape[0] * shape[1] / speeds[shape]
 
 
-def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int) -> float:
+def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int,
+                        operand_bytes: int) -> float:
     """The time model above, in microseconds."""
     per_cta = -(-k_blocks // splits) * SPLIT_K_KBLOCK_US
+    dram = operand_bytes / (SPLIT_K_DRAM_TBPS * 1e6)
     l2 = tiles * k_blocks * stage_bytes / (SPLIT_K_L2_TBPS * 1e6)
-    return max(per_cta, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
+    return max(per_cta, dram, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
 
 
 def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
@@ -156,12 +165,15 @@ def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
         return 1
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     stage = SplitKSchedule.stage_bytes(cfg)
-    best = min(range(2, top + 1),
-               key=lambda s: (split_k_estimate_us(tiles, k_blocks, s, stage), s))
+    operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
+
+    def estimate(splits):
+        return split_k_estimate_us(tiles, k_blocks, splits, stage, operands)
+
+    best = min(range(2, top + 1), key=lambda s: (estimate(s), s))
     if forced:
         return best
-    gain = (split_k_estimate_us(tiles, k_blocks, 1, stage)
-            / split_k_estimate_us(tiles, k_blocks, best, stage))
+    gain = estimate(1) / estimate(best)
     return best if gain >= SPLIT_K_MIN_GAIN else 1
 
 
