@@ -234,8 +234,9 @@ class WarpSpecializedSchedule:
         probe = replace(probe, c_buffers=min(MIN_C_BUFFERS, cls.c_boxes(probe)))
         stages = cls.max_stages(probe, smem_limit)
         one_box = replace(probe, c_buffers=1)
-        if stages < DEEP_STAGES and cls.max_stages(one_box, smem_limit) > stages:
-            probe, stages = one_box, cls.max_stages(one_box, smem_limit)
+        one_box_stages = cls.max_stages(one_box, smem_limit)
+        if stages < DEEP_STAGES and one_box_stages > stages:
+            probe, stages = one_box, one_box_stages
         if cls.stage_cap is not None:
             stages = min(stages, cls.stage_cap)
         if stages < MIN_STAGES:
