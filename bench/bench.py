@@ -24,6 +24,10 @@ Method (each choice was checked on an H100):
     1-4%.
   * every contestant writes into a preallocated output (out=), so no one pays
     for an allocation.
+  * host cost (shapes up to 512x512x16384): host_us is the wall clock per call
+    over 2000 back-to-back calls until the GPU has run them (the host's cost or
+    the GPU's, whichever is larger); enqueue_us is the host's alone, the time to
+    issue batches of 200 calls that the GPU never holds up.
   * the GPU's state is read through NVML after every round: the SM clock,
     power draw and temperature the shape ran at (the MHz/W column).  Under
     sustained GEMM load an H100 sits at its power limit with the SM clock far
@@ -80,7 +84,12 @@ MAX_INPUT_SETS = 8
 ELEMENT_BYTES = 2  # fp16 and bf16
 
 HOST_CALLS = 2000  # calls averaged for host_us
-HOST_US_MAX_MNK = 4 * 1024**3  # "small" shapes get host_us: up to 512x512x16384
+HOST_US_MAX_MNK = 4 * 1024**3  # "small" shapes get host_us and enqueue_us: up to 512x512x16384
+# enqueue_us: batches of calls issued with the GPU idle at the start of each, few enough that no
+# call waits for room in the launch queue (about a thousand launches), so the GPU never sets the
+# pace; the median batch.
+ENQUEUE_CALLS = 200
+ENQUEUE_BATCHES = 15
 
 SEED = 20240901  # fixed so runs are reproducible; the data is never all zeros
 
@@ -206,7 +215,7 @@ def error_row(shape, dtype: str, error: str) -> dict:
     return {"shape": shape_label(shape), "m": m, "n": n, "k": k, "dtype": dtype,
             "ok": False, "error": error, "rel_err": None,
             "rel_err_limit": REL_ERR_LIMITS[dtype], "tflops": {}, "host_us": None,
-            "gpu_state": None,
+            "enqueue_us": None, "gpu_state": None,
             **speed_ratios({})}
 
 
@@ -245,7 +254,7 @@ def _gpu_state_cell(state) -> str:
 
 
 TABLE_COLUMNS = ("shape", "dtype", "hopmm TFLOP/s", "cupy TFLOP/s", "torch TFLOP/s",
-                 "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "MHz/W")
+                 "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "enqueue_us", "MHz/W")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -254,10 +263,12 @@ def format_table(rows: list[dict]) -> str:
     for r in rows:
         tf = r.get("tflops") or {}
         host = (r.get("host_us") or {}).get("hopmm")
+        enqueue = (r.get("enqueue_us") or {}).get("hopmm")
         body.append((r["shape"], r["dtype"], _fmt(tf.get("hopmm"), ".1f"),
                      _fmt(tf.get("cupy"), ".1f"), _fmt(tf.get("torch"), ".1f"),
                      _fmt(r.get("hopmm_vs_cupy"), ".3f"), _fmt(r.get("hopmm_vs_best"), ".3f"),
-                     _rel_err_cell(r), _fmt(host, ".1f"), _gpu_state_cell(r.get("gpu_state"))))
+                     _rel_err_cell(r), _fmt(host, ".1f"), _fmt(enqueue, ".1f"),
+                     _gpu_state_cell(r.get("gpu_state"))))
     widths = [max(len(c) for c in col) for col in zip(TABLE_COLUMNS, *body)]
     left_aligned = 2  # shape and dtype
 
@@ -543,7 +554,8 @@ def warm_up(ctx: Context, contestants: list[Contestant], seconds: float) -> None
 
 
 def host_overhead_us(ctx: Context, c: Contestant, calls: int = HOST_CALLS) -> float:
-    """Wall-clock microseconds per call over back-to-back calls."""
+    """Wall-clock microseconds per call over back-to-back calls, until the GPU has finished
+    them: the host's cost or the GPU's, whichever is larger (see enqueue_us)."""
     sets, count = c.arg_sets, len(c.arg_sets)
     ctx.sync()
     t0 = time.perf_counter()
@@ -551,6 +563,23 @@ def host_overhead_us(ctx: Context, c: Contestant, calls: int = HOST_CALLS) -> fl
         c.launch(*sets[i % count])
     ctx.sync()
     return (time.perf_counter() - t0) / calls * 1e6
+
+
+def enqueue_us(ctx: Context, c: Contestant, calls: int = ENQUEUE_CALLS,
+               batches: int = ENQUEUE_BATCHES) -> float:
+    """The host's cost of one call alone, in microseconds: the time to issue a batch of
+    back-to-back calls (the GPU idle when the batch starts, not waited for inside it), per
+    call, median over batches."""
+    sets, count = c.arg_sets, len(c.arg_sets)
+    per_batch = []
+    for _ in range(batches):
+        ctx.sync()
+        t0 = time.perf_counter()
+        for i in range(calls):
+            c.launch(*sets[i % count])
+        per_batch.append((time.perf_counter() - t0) / calls * 1e6)
+    ctx.sync()
+    return statistics.median(per_batch)
 
 
 def check_hopmm(ctx: Context, a, b, ref) -> float:
@@ -632,6 +661,7 @@ def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int) -> 
     row.update(speed_ratios(row["tflops"]))
     if m * n * k <= HOST_US_MAX_MNK:
         row["host_us"] = {c.name: host_overhead_us(ctx, c) for c in contestants}
+        row["enqueue_us"] = {c.name: enqueue_us(ctx, c) for c in contestants}
     return row
 
 
@@ -679,6 +709,7 @@ def collect_metadata(ctx: Context, args, argv) -> dict:
         "torch_note": ctx.torch_note,
         "settings": {"warmup_s": args.seconds_per_shape, "rounds": args.rounds,
                      "target_timing_s": TARGET_TIMING_S, "host_calls": HOST_CALLS,
+                     "enqueue_calls": ENQUEUE_CALLS, "enqueue_batches": ENQUEUE_BATCHES,
                      "seed": SEED, "outputs": "preallocated, out="},
     }
     meta["gpu_state"] = (ctx.gpu_state.limits() if ctx.gpu_state

@@ -31,6 +31,7 @@ def fake_rows():
             rows.append({"shape": shape, "dtype": dtype, "ok": True, "error": None,
                          "rel_err": 2.5e-3 if dtype == "bf16" else 3.1e-4,
                          "tflops": tf, "host_us": {"hopmm": 6.5} if shape.startswith("512x") else None,
+                         "enqueue_us": {"hopmm": 4.3} if shape.startswith("512x") else None,
                          **bench.speed_ratios(tf)})
     return rows
 
@@ -169,10 +170,10 @@ def test_format_table_columns_and_alignment():
     lines = text.splitlines()
     assert lines[0] == bench.TABLE_TITLE
     for column in ("shape", "dtype", "hopmm TFLOP/s", "cupy TFLOP/s", "torch TFLOP/s",
-                   "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "MHz/W"):
+                   "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "enqueue_us", "MHz/W"):
         assert column in lines[1]
     assert len({len(line) for line in lines[1:]}) == 1  # aligned: equal widths
-    assert "4096x4096x4096" in text and "714.0" in text and "6.5" in text
+    assert "4096x4096x4096" in text and "714.0" in text and "6.5" in text and "4.3" in text
     assert "ERROR" in lines[-2] and "FAIL" in lines[-1]
 
 
@@ -276,3 +277,20 @@ def test_bench_imports_without_gpu_libraries():
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert bench.TABLE_TITLE in result.stdout
+
+
+# ------------------------------------------------------------ host cost
+def test_enqueue_us_issues_batches_from_an_idle_gpu_and_never_waits_inside_one():
+    events = []
+
+    class Ctx:
+        def sync(self):
+            events.append("sync")
+
+    sets = [("a0", "b0", "c0"), ("a1", "b1", "c1"), ("a2", "b2", "c2")]
+    c = bench.Contestant("fake", lambda a, b, out: events.append(a), sets)
+    us = bench.enqueue_us(Ctx(), c, calls=4, batches=3)
+    assert us > 0
+    # A sync before each batch and one after the last; none between the calls of a batch.
+    batch = ["sync", "a0", "a1", "a2", "a0"]
+    assert events == batch * 3 + ["sync"]
