@@ -4,9 +4,11 @@
 // module builds without the CUDA toolkit and imports on machines without a GPU
 // or driver (the CPU tests and kernel compilation via NVRTC need neither).
 // KernelLaunch encodes the maps of every matmul call and launches the kernel
-// (cuLaunchKernelEx, or cuLaunchKernel) in one call from Python, allocating nothing on the way.
+// (cuLaunchKernelEx, or cuLaunchKernel) in one call from Python, allocating nothing on the way;
+// DirectRepeat runs all the launches of a repeated call in one call from Python.
 
 #include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
 
 #include <dlfcn.h>
 
@@ -14,7 +16,10 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -316,22 +321,31 @@ class KernelLaunch {
         n_ints_ = read_ints(ints, "ints", ints_);
     }
 
-    void launch(uint64_t stream, const py::args& addresses) const {
-        if (addresses.size() != n_maps_ + n_ptrs_) {
-            throw py::value_error("launch: one base address per tensor map, then " +
-                                  std::to_string(n_ptrs_) + " pointer arguments");
-        }
+    size_t maps() const { return n_maps_; }
+    size_t pointers() const { return n_ptrs_; }
+
+    // launch() as Python calls it: the addresses as positional ints.
+    void launch_py(uint64_t stream, const py::args& addresses) const {
+        check_address_count(addresses.size());
+        uint64_t values[kMaxMaps + kMaxPointers];
+        for (size_t i = 0; i < addresses.size(); ++i) values[i] = addresses[i].cast<uint64_t>();
+        launch_raw(stream, values, addresses.size());
+    }
+
+    // One base address per map, then the pointers: addresses[0..n).
+    void launch_raw(uint64_t stream, const uint64_t* addresses, size_t n) const {
+        check_address_count(n);
         const Driver& d = driver();
         if (d.launch_kernel == nullptr) throw std::runtime_error(kNoDriverMessage);
         CUtensorMap maps[kMaxMaps];
         void* params[kMaxMaps + kMaxPointers + kMaxInts];
         for (size_t i = 0; i < n_maps_; ++i) {
-            map_at(i, addresses[i].cast<uint64_t>(), &maps[i]);
+            map_at(i, addresses[i], &maps[i]);
             params[i] = &maps[i];
         }
         uint64_t ptrs[kMaxPointers];
         for (size_t i = 0; i < n_ptrs_; ++i) {
-            ptrs[i] = addresses[n_maps_ + i].cast<uint64_t>();
+            ptrs[i] = addresses[n_maps_ + i];
             params[n_maps_ + i] = &ptrs[i];
         }
         int32_t ints[kMaxInts];
@@ -366,6 +380,13 @@ class KernelLaunch {
     }
 
   private:
+    void check_address_count(size_t n) const {
+        if (n != n_maps_ + n_ptrs_) {
+            throw py::value_error("launch: one base address per tensor map, then " +
+                                  std::to_string(n_ptrs_) + " pointer arguments");
+        }
+    }
+
     static constexpr size_t kCachedAddresses = 4;
     struct CachedMap {
         bool valid = false;
@@ -374,8 +395,8 @@ class KernelLaunch {
     };
 
     // Map i of base address `address` into *out: from the cache, or encoded and cached (the
-    // oldest entry replaced). launch() runs holding the GIL (pybind11 keeps it), which
-    // serialises every access to the cache.
+    // oldest entry replaced). Every launch runs holding the GIL (pybind11 keeps it through the
+    // calls from Python), which serialises every access to the cache.
     void map_at(size_t i, uint64_t address, CUtensorMap* out) const {
         for (const CachedMap& c : cache_[i]) {
             if (c.valid && c.address == address) {
@@ -405,6 +426,90 @@ class KernelLaunch {
     std::array<int32_t, kMaxInts> ints_{};
     mutable std::array<std::array<CachedMap, kCachedAddresses>, kMaxMaps> cache_{};
     mutable std::array<size_t, kMaxMaps> next_slot_{};
+};
+
+// Byte bounds [lo, hi) of an array relative to its base pointer (negative strides give lo < 0).
+using RelativeBounds = std::pair<int64_t, int64_t>;
+
+// The launches of a remembered call that reads A and B where the caller's arrays lie and stores
+// straight into the result: no aligned copies, no split-K workspace, so nothing but three base
+// addresses changes from one repeat to the next. A cached call spent 2-3 us of host time (an
+// H100 machine's host, measured) in the Python around its launches: the check that out overlaps
+// neither operand, the loop over the launches and their calls into this module. run() does that
+// work in one call. The bounds are fixed by the shapes and strides, which the recipe's key
+// holds.
+class DirectRepeat {
+  public:
+    static constexpr size_t kAddresses = 3;  // the maps of A, B and C, in that order
+
+    DirectRepeat(const py::sequence& launches, const RelativeBounds& a_bounds,
+                 const RelativeBounds& b_bounds, const std::optional<RelativeBounds>& out_bounds)
+        : a_(checked(a_bounds, "a_bounds")), b_(checked(b_bounds, "b_bounds")) {
+        if (out_bounds) out_ = checked(*out_bounds, "out_bounds");
+        if (launches.size() == 0) throw py::value_error("DirectRepeat: no launches");
+        for (const py::handle item : launches) {
+            if (!py::isinstance<KernelLaunch>(item)) {
+                throw py::type_error("DirectRepeat: launches must be KernelLaunch objects, got " +
+                                     py::repr(item).cast<std::string>());
+            }
+            const auto* launch = item.cast<const KernelLaunch*>();
+            if (launch->maps() != kAddresses || launch->pointers() != 0) {
+                throw py::value_error(
+                    "DirectRepeat: each launch must take the maps of A, B and C only, got one "
+                    "of " + std::to_string(launch->maps()) + " maps and " +
+                    std::to_string(launch->pointers()) + " pointers");
+            }
+            owners_.push_back(py::reinterpret_borrow<py::object>(item));
+            launches_.push_back(launch);
+        }
+    }
+
+    // False, launching nothing, where out's bytes intersect A's or B's (the caller then takes
+    // the full path); else every launch in order on `stream`, and True.
+    bool run(uint64_t stream, uint64_t a_ptr, uint64_t b_ptr, uint64_t c_ptr) const {
+        if (out_) {
+            const Span c = span(c_ptr, *out_);
+            if (overlaps(c, span(a_ptr, a_)) || overlaps(c, span(b_ptr, b_))) return false;
+        }
+        const uint64_t addresses[kAddresses] = {a_ptr, b_ptr, c_ptr};
+        for (const KernelLaunch* launch : launches_) {
+            launch->launch_raw(stream, addresses, kAddresses);
+        }
+        return true;
+    }
+
+    py::tuple launches() const {
+        py::tuple t(owners_.size());
+        for (size_t i = 0; i < owners_.size(); ++i) t[i] = owners_[i];
+        return t;
+    }
+
+  private:
+    // Absolute byte bounds: 128-bit, so a 64-bit address plus a 64-bit offset is exact.
+    struct Span {
+        __int128 lo, hi;
+    };
+
+    static Span span(uint64_t base, const RelativeBounds& b) {
+        return {static_cast<__int128>(base) + b.first, static_cast<__int128>(base) + b.second};
+    }
+
+    // Half-open intersection, the rule of layout.overlaps.
+    static bool overlaps(const Span& x, const Span& y) { return x.lo < y.hi && y.lo < x.hi; }
+
+    static RelativeBounds checked(const RelativeBounds& b, const char* name) {
+        if (b.first > b.second) {
+            throw py::value_error(std::string("DirectRepeat: ") + name + " = (" +
+                                  std::to_string(b.first) + ", " + std::to_string(b.second) +
+                                  ") has lo > hi");
+        }
+        return b;
+    }
+
+    RelativeBounds a_, b_;
+    std::optional<RelativeBounds> out_;
+    std::vector<py::object> owners_;  // keep the launches alive
+    std::vector<const KernelLaunch*> launches_;
 };
 
 }  // namespace
@@ -453,5 +558,17 @@ PYBIND11_MODULE(_tensormap, m) {
              py::arg("function"), py::arg("grid"), py::arg("block_x"),
              py::arg("shared_mem_bytes"), py::arg("map_templates"), py::arg("ints"),
              py::arg("pointers") = 0, py::arg("programmatic") = false)
-        .def("launch", &KernelLaunch::launch, py::arg("stream"));
+        .def("launch", &KernelLaunch::launch_py, py::arg("stream"));
+    py::class_<DirectRepeat>(m, "DirectRepeat",
+                             "The launches of a call that reads A and B in place and stores "
+                             "straight into C, repeated on new base addresses.")
+        .def(py::init<const py::sequence&, const RelativeBounds&, const RelativeBounds&,
+                      const std::optional<RelativeBounds>&>(),
+             py::arg("launches"), py::arg("a_bounds"), py::arg("b_bounds"),
+             py::arg("out_bounds"))
+        .def("run", &DirectRepeat::run, py::arg("stream"), py::arg("a_ptr"), py::arg("b_ptr"),
+             py::arg("c_ptr"),
+             "Launches on (a_ptr, b_ptr, c_ptr) and returns True; returns False, launching "
+             "nothing, where out's bounds at c_ptr intersect A's or B's.")
+        .def_property_readonly("launches", &DirectRepeat::launches);
 }

@@ -161,14 +161,11 @@ def _operand3d(x2, batch_shape: tuple):
 
 def matmul(a, b, out=None):
     """Matrix product with the semantics of cupy.matmul (and numpy.matmul)."""
+    result, k = fastpath.repeat(a, b, out)
+    if result is not None:
+        return result
     import cupy
 
-    k = fastpath.key(a, b, out)
-    recipe = fastpath.lookup(k) if k is not None else None
-    if recipe is not None:
-        result = recipe.run(a, b, out)
-        if result is not None:
-            return result
     p = plan(a, b, out)
     if p.path == "cupy.matmul":
         if os.environ.get(STRICT_ENV, "") not in ("", "0"):
@@ -238,10 +235,9 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
                                                    ("b", b, call.b3, s.b_is_vector, 1))
               if name in call.copies}
     if recipe_key is not None and not overlapping and None not in copies.values():
-        fastpath.remember(recipe_key, fastpath.Recipe(
-            s.out_shape, result.dtype, launches, fastpath.relative_bounds(a),
-            fastpath.relative_bounds(b), copies.get("a"), copies.get("b"), c_buffer,
-            fastpath.relative_bounds(result) if user_out else None), chosen_at)
+        fastpath.remember(recipe_key, fastpath.make_recipe(
+            s.out_shape, result.dtype, launches, a, b, result if user_out else None,
+            copies.get("a"), copies.get("b"), c_buffer), chosen_at)
 
 
 def _overlap(x, y) -> bool:

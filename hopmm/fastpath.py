@@ -4,17 +4,31 @@ substitutes the new base addresses. Calls that ran on hopmm's kernels are rememb
 aligned copies they made of views of the caller's operands and the aligned result buffer they
 stored through, which a repeat makes again; calls that materialised another copy (a broadcast,
 a reshape that could not be a view) or stored into an overlapping out take the full path every
-time."""
+time. A call that read its operands in place and stored straight into its result repeats
+through one call into the extension (DirectRecipe), the host cost of a repeat kept to a few
+Python statements."""
 from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from . import launch
+from . import _tensormap, launch
 from .layout import TMA_ALIGN, byte_bounds, overlaps
 
 MAX_RECIPES = 4096
+
+# CuPy, bound by the first call rather than at import (hopmm imports without CuPy): an
+# `import cupy` statement costs a few hundred ns on every call, a global a few dozen.
+_cupy = None
+
+
+def _bind_cupy():
+    global _cupy
+    import cupy
+
+    _cupy = cupy
+    return cupy
 
 
 @dataclass(frozen=True)
@@ -77,8 +91,7 @@ class Recipe:
 
     def run(self, a, b, out):
         """The result, or None when this call must take the full path (out overlaps)."""
-        import cupy
-
+        cupy = _cupy   # bound by `repeat`, which called this
         a_ptr, b_ptr = a.data.ptr, b.data.ptr
         if out is None:
             result = cupy.empty(self.out_shape, dtype=self.dtype)
@@ -107,9 +120,44 @@ class Recipe:
         return result
 
 
+@dataclass(frozen=True)
+class DirectRecipe:
+    """A call that read the caller's A and B in place and stored straight into its result,
+    through plain launches: `repeat` checks out against A and B and launches them all."""
+    out_shape: tuple
+    dtype: object
+    repeat: object   # _tensormap.DirectRepeat
+
+    def run(self, a, b, out):
+        """The result, or None when this call must take the full path (out overlaps)."""
+        cupy = _cupy   # bound by `repeat`, which called this
+        # A new result cannot overlap A or B: the recipe of calls without out has no bounds.
+        result = cupy.empty(self.out_shape, dtype=self.dtype) if out is None else out
+        if self.repeat.run(cupy.cuda.get_current_stream().ptr, a.data.ptr, b.data.ptr,
+                           result.data.ptr):
+            return result
+        return None
+
+
 def relative_bounds(x) -> tuple[int, int]:
     """Byte bounds of x relative to its base pointer."""
     return byte_bounds(0, x.shape, x.strides, x.itemsize)
+
+
+def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out,
+                a_copy: OperandCopy | None = None, b_copy: OperandCopy | None = None,
+                c_buffer: tuple | None = None) -> Recipe | DirectRecipe:
+    """The recipe repeating a call of operands a, b (and the caller's out, or None) whose
+    launches read `a_copy`/`b_copy` of them and stored through `c_buffer` where not None."""
+    a_bounds, b_bounds = relative_bounds(a), relative_bounds(b)
+    out_bounds = None if out is None else relative_bounds(out)
+    # Split-K's WorkspaceLaunch looks up its stream's workspace in Python: not direct.
+    plain = all(isinstance(x, _tensormap.KernelLaunch) for x in launches)
+    if plain and a_copy is None and b_copy is None and c_buffer is None:
+        return DirectRecipe(out_shape, dtype,
+                            _tensormap.DirectRepeat(launches, a_bounds, b_bounds, out_bounds))
+    return Recipe(out_shape, dtype, launches, a_bounds, b_bounds, a_copy, b_copy, c_buffer,
+                  out_bounds)
 
 
 _recipes: dict = {}
@@ -119,22 +167,30 @@ _lock = threading.Lock()
 generation = 0
 
 
-def key(a, b, out):
-    """What every decision of a call depends on, or None for calls that are never cached."""
-    import cupy
-
-    if type(a) is not cupy.ndarray or type(b) is not cupy.ndarray:
-        return None
+def repeat(a, b, out):
+    """(result, key): the result of this call from the recipe remembered under its key, None
+    where it takes the full path (no recipe, or the recipe declines it); the key holds what
+    every decision of a call depends on, None for calls that are never remembered. One
+    function, the key computed inline: the whole host path of a repeat is a few calls."""
+    cupy = _cupy if _cupy is not None else _bind_cupy()
+    ndarray = cupy.ndarray
+    if type(a) is not ndarray or type(b) is not ndarray:
+        return None, None
     device = cupy.cuda.runtime.getDevice()
-    if a.data.device_id != device or b.data.device_id != device:
-        return None
-    ops = (a.shape, a.strides, a.dtype, a.data.ptr % TMA_ALIGN == 0,
-           b.shape, b.strides, b.dtype, b.data.ptr % TMA_ALIGN == 0, device)
-    if out is None:
-        return ops
-    if type(out) is not cupy.ndarray or out.data.device_id != device:
-        return None
-    return ops + (out.shape, out.strides, out.dtype, out.data.ptr % TMA_ALIGN == 0)
+    a_data, b_data = a.data, b.data
+    if a_data.device_id != device or b_data.device_id != device:
+        return None, None
+    k = (a.shape, a.strides, a.dtype, a_data.ptr % TMA_ALIGN == 0,
+         b.shape, b.strides, b.dtype, b_data.ptr % TMA_ALIGN == 0, device)
+    if out is not None:
+        if type(out) is not ndarray:
+            return None, None
+        out_data = out.data
+        if out_data.device_id != device:
+            return None, None
+        k += (out.shape, out.strides, out.dtype, out_data.ptr % TMA_ALIGN == 0)
+    recipe = _recipes.get(k)
+    return (None if recipe is None else recipe.run(a, b, out)), k
 
 
 def lookup(k):

@@ -55,6 +55,17 @@ def test_a_choice_made_before_a_clear_is_not_remembered():
     assert fastpath.lookup("k") is None
 
 
+def test_imports_without_cupy():
+    """CuPy is imported by the first call (fastpath binds it then), never by `import hopmm`."""
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c",
+                          "import sys; sys.modules['cupy'] = None; import hopmm"],
+                         capture_output=True, text=True)
+    assert run.returncode == 0, run.stderr
+
+
 def test_unknown_schedule_in_the_environment_is_a_clear_error():
     import subprocess
     import sys

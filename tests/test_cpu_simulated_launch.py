@@ -181,12 +181,40 @@ class SimulatedLaunch:
             c[z] = (ws[zl, :m, :n] + partials[-1]).astype(dt)
 
 
+class SimulatedDirectRepeat:
+    """_tensormap.DirectRepeat over SimulatedLaunch: its checks (tests/test_tma.py tests the
+    extension's own), in Python. `calls` records what each run returned."""
+
+    calls = []
+
+    def __init__(self, launches, a_bounds, b_bounds, out_bounds):
+        assert launches and all(type(x) is SimulatedLaunch and len(x.templates) == 3
+                                and x.pointers == 0 for x in launches)
+        self.launches = tuple(launches)
+        self.bounds = a_bounds, b_bounds, out_bounds
+
+    def run(self, stream, a_ptr, b_ptr, c_ptr):
+        (a_lo, a_hi), (b_lo, b_hi), out_bounds = self.bounds
+        if out_bounds is not None:
+            c = (c_ptr + out_bounds[0], c_ptr + out_bounds[1])
+            if (layout.overlaps(c, (a_ptr + a_lo, a_ptr + a_hi))
+                    or layout.overlaps(c, (b_ptr + b_lo, b_ptr + b_hi))):
+                SimulatedDirectRepeat.calls.append(False)
+                return False
+        for x in self.launches:
+            x.launch(stream, a_ptr, b_ptr, c_ptr)
+        SimulatedDirectRepeat.calls.append(True)
+        return True
+
+
 @pytest.fixture
 def simulated_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
+    monkeypatch.setattr(fastpath, "_cupy", None)   # bound again, to the fake, by the first call
     monkeypatch.setattr(device, "query", lambda device_id: device.H100_SXM)
     monkeypatch.setattr(launch, "query", lambda device_id: device.H100_SXM)
     monkeypatch.setattr(hopmm._tensormap, "KernelLaunch", SimulatedLaunch)
+    monkeypatch.setattr(hopmm._tensormap, "DirectRepeat", SimulatedDirectRepeat)
     # Stand in for the loaded kernel without touching launch._loaded's cache: on a machine
     # with a GPU, a fake handle left there would be launched by the GPU tests that follow.
     monkeypatch.setattr(launch, "_loaded", lambda *args: _FAKE_KERNEL)
@@ -194,6 +222,7 @@ def simulated_gpu(monkeypatch):
     workspace.clear()
     SimulatedLaunch.launches = 0
     SimulatedLaunch.split_launches = []
+    SimulatedDirectRepeat.calls = []
     yield
     fastpath.clear()
     workspace.clear()
@@ -298,6 +327,76 @@ def test_repeat_calls_with_out_take_the_fast_path_unless_out_aliases(simulated_g
     hopmm.matmul(a, b, out=a)
     expect(a0, b, a)
     assert len(planned) == 2
+
+
+def _count_plans(monkeypatch) -> list:
+    planned = []
+    real_plan = api.plan
+    monkeypatch.setattr(api, "plan", lambda *args: planned.append(1) or real_plan(*args))
+    return planned
+
+
+def test_repeat_calls_without_copies_run_one_direct_repeat(simulated_gpu, monkeypatch):
+    """Operands read in place and a result stored straight into: each repeat, with out= or
+    without, is one DirectRepeat run that launches every chunk (two here) on its arrays."""
+    monkeypatch.setattr(layout, "MAX_GRID_Z", 2)   # 3 batches: two launches per call
+    planned = _count_plans(monkeypatch)
+    for _ in range(3):
+        a, b = rand((3, 64, 64)), rand((64, 128))
+        expect(a, b, hopmm.matmul(a, b))
+        out = fake(np.full((3, 64, 128), np.nan, dtype=BF16))
+        assert hopmm.matmul(a, b, out=out) is out
+        expect(a, b, out)
+    assert len(planned) == 2
+    assert all(type(r) is fastpath.DirectRecipe for r in fastpath._recipes.values())
+    assert SimulatedDirectRepeat.calls == [True] * 4
+    assert SimulatedLaunch.launches == 2 * 6
+
+
+@pytest.mark.parametrize("overlap", ["out_is_a", "out_in_b"])
+def test_direct_repeat_declines_an_overlapping_out(simulated_gpu, monkeypatch, overlap):
+    """A recipe remembered with a separate out; then out lies over A (or over half of B):
+    the DirectRepeat launches nothing, the full path computes aside and copies."""
+    planned = _count_plans(monkeypatch)
+    a, b = rand((64, 64)), rand((64, 64))
+    hopmm.matmul(a, b, out=fake(np.empty((64, 64), BF16)))
+    buf = rand((96, 64))
+    a, b, out = ((buf[:64], rand((64, 64)), buf[:64]) if overlap == "out_is_a" else
+                 (rand((64, 64)), buf[:64], buf[32:]))
+    a0, b0 = fake(a.copy()), fake(b.copy())
+    before = SimulatedLaunch.launches
+    assert hopmm.matmul(a, b, out=out) is out
+    expect(a0, b0, out)
+    assert SimulatedDirectRepeat.calls == [False] and len(planned) == 2
+    assert SimulatedLaunch.launches == before + 1   # the full path's launch only
+
+
+REPEATS_WITHOUT_DIRECT = {
+    "copied_operand": (lambda: CASES["odd_sizes_copied"](), None),
+    "strided_out": (lambda: (rand((64, 64)), rand((64, 64))),
+                    lambda: fake(np.full((64, 128), np.nan, dtype=BF16))[:, ::2]),
+    "split_k": (lambda: (rand((256, 1024)), rand((1024, 256))), None),
+}
+
+
+@pytest.mark.parametrize("case", REPEATS_WITHOUT_DIRECT, ids=list(REPEATS_WITHOUT_DIRECT))
+def test_repeats_with_copies_or_split_k_take_the_general_recipe(simulated_gpu, monkeypatch,
+                                                                case):
+    """An aligned copy of an operand, an aligned result buffer (a strided out) or split-K's
+    per-stream workspace: the recipe does that work in Python, and no DirectRepeat exists."""
+    operands, make_out = REPEATS_WITHOUT_DIRECT[case]
+    if case == "split_k":
+        hopmm.use_schedule("split_k")
+    planned = _count_plans(monkeypatch)
+    for _ in range(3):
+        a, b = operands()
+        out = make_out() if make_out else None
+        result = hopmm.matmul(a, b, out=out)
+        expect(a, b, result)
+        assert out is None or result is out
+    assert len(planned) == 1
+    (recipe,) = fastpath._recipes.values()
+    assert type(recipe) is fastpath.Recipe and SimulatedDirectRepeat.calls == []
 
 
 @pytest.mark.parametrize("env, programmatic", [(None, True), ("1", True), ("0", False)],

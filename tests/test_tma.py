@@ -513,3 +513,96 @@ def test_kernel_launch_pointers_follow_the_maps():
 def test_kernel_launch_without_driver_names_the_driver():
     with pytest.raises(RuntimeError, match="driver"):
         make_launch().launch(0, 1024)
+
+
+# ---- DirectRepeat: every launch of a repeated call that reads and stores in place -----------
+
+def make_direct(launches=None, a_bounds=(0, 256), b_bounds=(-64, 192), out_bounds=(0, 128)):
+    if launches is None:
+        launches = [make_launch(map_templates=[GOOD_TEMPLATE] * 3)]
+    return _tensormap.DirectRepeat(launches, a_bounds, b_bounds, out_bounds)
+
+
+@pytest.mark.parametrize("launches,error,match", [
+    ([], ValueError, "no launches"),
+    ([object()], TypeError, "KernelLaunch"),
+    ([dict(map_templates=[GOOD_TEMPLATE] * 2)], ValueError, "maps of A, B and C only"),
+    ([dict(map_templates=[GOOD_TEMPLATE] * 4)], ValueError, "maps of A, B and C only"),
+    ([dict(map_templates=[GOOD_TEMPLATE] * 3, pointers=1)], ValueError, "1 pointers"),
+    ([dict(map_templates=[GOOD_TEMPLATE] * 3), dict(map_templates=[GOOD_TEMPLATE] * 4,
+                                                     pointers=3)], ValueError, "4 maps"),
+], ids=["empty", "not_a_launch", "two_maps", "four_maps", "pointers", "split_k_second"])
+def test_direct_repeat_takes_launches_of_a_b_and_c_only(launches, error, match):
+    """Split-K's launches take a workspace map and pointers: never a DirectRepeat's."""
+    launches = [make_launch(**x) if isinstance(x, dict) else x for x in launches]
+    with pytest.raises(error, match=match):
+        make_direct(launches)
+
+
+def test_direct_repeat_rejects_inverted_bounds():
+    with pytest.raises(ValueError, match=r"out_bounds = \(5, 4\) has lo > hi"):
+        make_direct(out_bounds=(5, 4))
+
+
+def test_direct_repeat_keeps_its_launches_alive():
+    launches = [make_launch(map_templates=[GOOD_TEMPLATE] * 3) for _ in range(2)]
+    ids = [id(x) for x in launches]
+    direct = make_direct(launches)
+    del launches
+    assert [id(x) for x in direct.launches] == ids
+
+
+# (a_ptr, b_ptr, c_ptr) against A's bounds (0, 256), B's (-64, 192) and out's (0, 128):
+# out's bytes [c, c + 128) against A's [a, a + 256) and B's [b - 64, b + 192).
+A, B = 0x10000, 0x20000
+PLACEMENTS = {
+    "apart": (A, B, 0x30000),
+    "just_below_a": (A, B, A - 128),
+    "just_past_a": (A, B, A + 256),
+    "last_byte_of_a": (A, B, A + 255 - 127),
+    "first_byte_of_a": (A, B, A - 127),
+    "is_a": (A, B, A),
+    "below_b_negative_strides": (A, B, B - 64 - 127),
+    "just_below_b": (A, B, B - 64 - 128),
+    "just_past_b": (A, B, B + 192),
+    "straddles_b": (A, B, B + 100),
+}
+
+
+def _expected_overlap(a_ptr, b_ptr, c_ptr):
+    from hopmm.layout import overlaps
+
+    c = (c_ptr, c_ptr + 128)
+    return overlaps(c, (a_ptr, a_ptr + 256)) or overlaps(c, (b_ptr - 64, b_ptr + 192))
+
+
+@pytest.mark.parametrize("placement", PLACEMENTS, ids=list(PLACEMENTS))
+def test_direct_repeat_declines_exactly_the_overlaps_of_layout(placement):
+    """Half-open bounds, layout.overlaps's rule: an out that shares a byte with A or B is
+    declined (False) before the driver is asked for anything; one that only touches them, or
+    lies apart, is launched (without a driver: KernelLaunch.launch's own error)."""
+    ptrs = PLACEMENTS[placement]
+    direct = make_direct()
+    if _expected_overlap(*ptrs):
+        assert direct.run(0, *ptrs) is False
+        return
+    if _tensormap.driver_available():
+        pytest.skip("a CUDA driver is present: the stand-in kernel is never launched")
+    with pytest.raises(RuntimeError) as direct_error:
+        direct.run(0, *ptrs)
+    with pytest.raises(RuntimeError) as launch_error:
+        direct.launches[0].launch(0, *ptrs)
+    assert str(direct_error.value) == str(launch_error.value)
+    assert "CUDA driver (libcuda.so.1) not found" in str(direct_error.value)
+
+
+def test_placements_cover_both_outcomes():
+    outcomes = [_expected_overlap(*p) for p in PLACEMENTS.values()]
+    assert outcomes.count(True) >= 4 and outcomes.count(False) >= 4
+
+
+@pytest.mark.skipif(_tensormap.driver_available(), reason="a CUDA driver is present")
+def test_direct_repeat_without_out_bounds_always_launches():
+    """A new result overlaps nothing: a recipe of calls without out checks nothing."""
+    with pytest.raises(RuntimeError, match="driver"):
+        make_direct(out_bounds=None).run(0, A, B, A)
