@@ -91,7 +91,7 @@ class Recipe:
 
     def run(self, a, b, out):
         """The result, or None when this call must take the full path (out overlaps)."""
-        cupy = _cupy   # bound by `repeat`, which called this
+        cupy = _cupy or _bind_cupy()
         a_ptr, b_ptr = a.data.ptr, b.data.ptr
         if out is None:
             result = cupy.empty(self.out_shape, dtype=self.dtype)
@@ -130,7 +130,7 @@ class DirectRecipe:
 
     def run(self, a, b, out):
         """The result, or None when this call must take the full path (out overlaps)."""
-        cupy = _cupy   # bound by `repeat`, which called this
+        cupy = _cupy or _bind_cupy()
         # A new result cannot overlap A or B: the recipe of calls without out has no bounds.
         result = cupy.empty(self.out_shape, dtype=self.dtype) if out is None else out
         if self.repeat.run(cupy.cuda.get_current_stream().ptr, a.data.ptr, b.data.ptr,
