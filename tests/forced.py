@@ -11,6 +11,18 @@ def rand(shape, dtype):
     return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
 
 
+def rel_err(got, a, b):
+    """Relative Frobenius error of got against an fp32 cupy.matmul; got must hold no NaN."""
+    import cupy
+
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    got = got.astype(cupy.float32)
+    assert got.shape == ref.shape
+    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) or NaN output elements"
+    denom = float(cupy.linalg.norm(ref))
+    return float(cupy.linalg.norm(got - ref)) / (denom if denom else 1.0)
+
+
 def operands(m, n, k, dtype, ta=False, tb=False, batch=()):
     a = rand(batch + (k, m), dtype).swapaxes(-1, -2) if ta else rand(batch + (m, k), dtype)
     b = rand(batch + (n, k), dtype).swapaxes(-1, -2) if tb else rand(batch + (k, n), dtype)

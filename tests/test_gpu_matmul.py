@@ -5,10 +5,10 @@ import numpy as np
 import pytest
 
 from conftest import requires_hopper
+from forced import TOL, rand, rel_err
 
 pytestmark = requires_hopper
 
-TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 DTYPES = ["bfloat16", "float16"]
 EDGE = [1, 17, 100, 1000, 1023, 4097]
 
@@ -31,23 +31,6 @@ def schedule(request):
     hopmm.use_schedule(request.param)
     yield request.param
     hopmm.use_schedule(None)
-
-
-def rand(shape, dtype):
-    import cupy
-
-    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
-
-
-def rel_err(got, a, b):
-    import cupy
-
-    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
-    got = got.astype(cupy.float32)
-    assert got.shape == ref.shape
-    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) or NaN output elements"
-    denom = float(cupy.linalg.norm(ref))
-    return float(cupy.linalg.norm(got - ref)) / (denom if denom else 1.0)
 
 
 def poisoned_out(a, b):

@@ -6,10 +6,10 @@ without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
+from forced import TOL, rand, rel_err
 
 pytestmark = requires_hopper
 
-TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 DTYPES = ["bfloat16", "float16"]
 SHAPE_A, SHAPE_B = (384, 320), (320, 512)
 # More operand sets than a KernelLaunch keeps encoded maps for (four per operand), revisited
@@ -49,23 +49,6 @@ def planned(monkeypatch):
     real_plan = api.plan
     monkeypatch.setattr(api, "plan", lambda *args: calls.append(1) or real_plan(*args))
     return calls
-
-
-def rand(shape, dtype):
-    import cupy
-
-    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
-
-
-def rel_err(got, a, b):
-    import cupy
-
-    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
-    got = got.astype(cupy.float32)
-    assert got.shape == ref.shape
-    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) or NaN output elements"
-    denom = float(cupy.linalg.norm(ref))
-    return float(cupy.linalg.norm(got - ref)) / (denom if denom else 1.0)
 
 
 def poison_pool(shape, dtype):
