@@ -123,7 +123,8 @@ class Recipe:
 @dataclass(frozen=True)
 class DirectRecipe:
     """A call that read the caller's A and B in place and stored straight into its result,
-    through plain launches: `repeat` checks out against A and B and launches them all."""
+    through plain launches: its DirectRepeat checks out against A and B and launches them
+    all, in one call into the extension."""
     out_shape: tuple
     dtype: object
     repeat: object   # _tensormap.DirectRepeat
