@@ -517,15 +517,20 @@ def poisoned(cp, shape, dt):
     return cp.full(shape, math.nan, dtype=cp.float32).astype(dt)
 
 
+def issue(c: Contestant, calls: int) -> None:
+    """`calls` back-to-back calls of c, cycling through its input sets, no sync between."""
+    sets, count = c.arg_sets, len(c.arg_sets)
+    for i in range(calls):
+        c.launch(*sets[i % count])
+
+
 def time_contestant(ctx: Context, c: Contestant, n: int) -> float:
     """Seconds per launch: events around n back-to-back launches, cycling
     through the input sets, with no synchronization in between."""
     cp = ctx.cupy
     start, stop = cp.cuda.Event(), cp.cuda.Event()
-    sets, count = c.arg_sets, len(c.arg_sets)
     start.record(ctx.stream)
-    for i in range(n):
-        c.launch(*sets[i % count])
+    issue(c, n)
     stop.record(ctx.stream)
     stop.synchronize()
     return cp.cuda.get_elapsed_time(start, stop) * 1e-3 / n
@@ -556,11 +561,9 @@ def warm_up(ctx: Context, contestants: list[Contestant], seconds: float) -> None
 def host_overhead_us(ctx: Context, c: Contestant, calls: int = HOST_CALLS) -> float:
     """Wall-clock microseconds per call over back-to-back calls, until the GPU has finished
     them: the host's cost or the GPU's, whichever is larger (see enqueue_us)."""
-    sets, count = c.arg_sets, len(c.arg_sets)
     ctx.sync()
     t0 = time.perf_counter()
-    for i in range(calls):
-        c.launch(*sets[i % count])
+    issue(c, calls)
     ctx.sync()
     return (time.perf_counter() - t0) / calls * 1e6
 
@@ -570,13 +573,11 @@ def enqueue_us(ctx: Context, c: Contestant, calls: int = ENQUEUE_CALLS,
     """The host's cost of one call alone, in microseconds: the time to issue a batch of
     back-to-back calls (the GPU idle when the batch starts, not waited for inside it), per
     call, median over batches."""
-    sets, count = c.arg_sets, len(c.arg_sets)
     per_batch = []
     for _ in range(batches):
         ctx.sync()
         t0 = time.perf_counter()
-        for i in range(calls):
-            c.launch(*sets[i % count])
+        issue(c, calls)
         per_batch.append((time.perf_counter() - t0) / calls * 1e6)
     ctx.sync()
     return statistics.median(per_batch)
