@@ -173,7 +173,7 @@ def repeat(a, b, out):
     where it takes the full path (no recipe, or the recipe declines it); the key holds what
     every decision of a call depends on, None for calls that are never remembered. One
     function, the key computed inline: the whole host path of a repeat is a few calls."""
-    cupy = _cupy if _cupy is not None else _bind_cupy()
+    cupy = _cupy or _bind_cupy()
     ndarray = cupy.ndarray
     if type(a) is not ndarray or type(b) is not ndarray:
         return None, None
