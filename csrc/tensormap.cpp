@@ -76,8 +76,9 @@ using LaunchKernelFn = CUresult (*)(void* function, uint32_t grid_x, uint32_t gr
                                     uint32_t block_z, uint32_t shared_mem_bytes, void* stream,
                                     void** kernel_params, void** extra);
 
-// cuLaunchKernelEx's configuration (CUlaunchConfig, CUlaunchAttribute): one attribute is
-// all hopmm sets.
+// cuLaunchKernelEx's configuration (CUlaunchConfig, CUlaunchAttribute): the two attributes
+// hopmm sets, programmatic stream serialization and a cluster shape given at launch.
+constexpr int kLaunchAttributeClusterDimension = 4;
 constexpr int kLaunchAttributeProgrammaticStreamSerialization = 6;
 constexpr size_t kLaunchAttributeValueBytes = 64;  // CUlaunchAttributeValue is a 64-byte union
 struct CUlaunchAttribute {
@@ -86,6 +87,9 @@ struct CUlaunchAttribute {
     union {
         char bytes[kLaunchAttributeValueBytes];
         int programmatic_stream_serialization_allowed;
+        struct {
+            uint32_t x, y, z;
+        } cluster_dim;
     } value;
 };
 static_assert(sizeof(CUlaunchAttribute) == 72, "CUlaunchAttribute is 72 bytes");
@@ -100,6 +104,8 @@ struct CUlaunchConfig {
 static_assert(sizeof(CUlaunchConfig) == 56, "CUlaunchConfig is 56 bytes");
 using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig* config, void* function,
                                       void** kernel_params, void** extra);
+using OccupancyMaxActiveClustersFn = CUresult (*)(int* clusters, void* function,
+                                                  const CUlaunchConfig* config);
 
 const char kDriverLibrary[] = "libcuda.so.1";
 const char kNoDriverMessage[] =
@@ -110,6 +116,7 @@ struct Driver {
     GetErrorFn get_error_name = nullptr;
     LaunchKernelFn launch_kernel = nullptr;
     LaunchKernelExFn launch_kernel_ex = nullptr;  // CUDA 12.0 drivers and later
+    OccupancyMaxActiveClustersFn max_active_clusters = nullptr;  // likewise
 };
 
 Driver load_driver() {
@@ -121,6 +128,8 @@ Driver load_driver() {
     d.get_error_name = reinterpret_cast<GetErrorFn>(dlsym(lib, "cuGetErrorName"));
     d.launch_kernel = reinterpret_cast<LaunchKernelFn>(dlsym(lib, "cuLaunchKernel"));
     d.launch_kernel_ex = reinterpret_cast<LaunchKernelExFn>(dlsym(lib, "cuLaunchKernelEx"));
+    d.max_active_clusters = reinterpret_cast<OccupancyMaxActiveClustersFn>(
+        dlsym(lib, "cuOccupancyMaxActiveClusters"));
     return d;
 }
 
@@ -197,12 +206,18 @@ std::string list_str(const std::array<T, N>& v, size_t n) {
     return s + "]";
 }
 
-[[noreturn]] void throw_encode_error(CUresult rc, const TiledArgs& a) {
+// The driver's name of a CUresult ("CUDA_ERROR_..."), or "unknown error".
+const char* error_name(CUresult rc) {
     const char* name = nullptr;
     if (driver().get_error_name == nullptr ||
         driver().get_error_name(rc, &name) != kCudaSuccess || name == nullptr) {
         name = "unknown error";
     }
+    return name;
+}
+
+[[noreturn]] void throw_encode_error(CUresult rc, const TiledArgs& a) {
+    const char* name = error_name(rc);
     char address[32];
     std::snprintf(address, sizeof address, "0x%llx", static_cast<unsigned long long>(a.address));
     std::string msg = "cuTensorMapEncodeTiled failed with CUresult " + std::to_string(rc) +
@@ -295,19 +310,33 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 // kernel may be scheduled before the previous kernel of the stream has finished; only for
 // kernels that wait (griddepcontrol.wait) before touching global memory. Drivers without
 // cuLaunchKernelEx get a plain launch.
+// `cluster`: the thread-block cluster shape, for kernels whose shape is chosen at launch (no
+// __cluster_dims__); (1, 1, 1) launches without one. It needs cuLaunchKernelEx.
 class KernelLaunch {
   public:
     static constexpr size_t kMaxMaps = 4;
     static constexpr size_t kMaxPointers = 4;
     static constexpr size_t kMaxInts = 16;
+    static constexpr std::array<uint32_t, 3> kNoCluster{1, 1, 1};
 
     KernelLaunch(uint64_t function, const py::sequence& grid, uint32_t block_x,
                  uint32_t shared_mem_bytes, const py::sequence& map_templates,
-                 const py::sequence& ints, size_t pointers, bool programmatic)
+                 const py::sequence& ints, size_t pointers, bool programmatic,
+                 const py::sequence& cluster)
         : function_(reinterpret_cast<void*>(function)), block_x_(block_x),
           shared_mem_(shared_mem_bytes), n_ptrs_(pointers), programmatic_(programmatic) {
         if (n_ptrs_ > kMaxPointers) throw py::value_error("at most 4 pointer arguments");
         if (read_ints(grid, "grid", grid_) != grid_.size()) throw py::value_error("grid: 3 ints");
+        if (read_ints(cluster, "cluster", cluster_) != cluster_.size()) {
+            throw py::value_error("cluster: 3 ints");
+        }
+        for (size_t i = 0; i < cluster_.size(); ++i) {
+            if (cluster_[i] == 0 || grid_[i] % cluster_[i] != 0) {
+                throw py::value_error("cluster " + list_str(cluster_, 3) +
+                                      ": each extent must be positive and divide the grid's " +
+                                      list_str(grid_, 3));
+            }
+        }
         n_maps_ = map_templates.size();
         if (n_maps_ > kMaxMaps) throw py::value_error("at most 4 tensor maps");
         for (size_t i = 0; i < n_maps_; ++i) {
@@ -354,28 +383,35 @@ class KernelLaunch {
             params[n_maps_ + n_ptrs_ + i] = &ints[i];
         }
         void* const stream_handle = reinterpret_cast<void*>(stream);
-        const bool ex = programmatic_ && d.launch_kernel_ex != nullptr;
+        const bool clustered = cluster_ != kNoCluster;
+        const bool ex = (programmatic_ || clustered) && d.launch_kernel_ex != nullptr;
+        if (clustered && !ex) {
+            throw std::runtime_error("a cluster shape given at launch needs cuLaunchKernelEx "
+                                     "(a CUDA 12.0 driver or later)");
+        }
         CUresult rc;
         if (ex) {
-            CUlaunchAttribute attr{};
-            attr.id = kLaunchAttributeProgrammaticStreamSerialization;
-            attr.value.programmatic_stream_serialization_allowed = 1;
+            CUlaunchAttribute attrs[2]{};
+            uint32_t n_attrs = 0;
+            if (programmatic_) {
+                attrs[n_attrs].id = kLaunchAttributeProgrammaticStreamSerialization;
+                attrs[n_attrs++].value.programmatic_stream_serialization_allowed = 1;
+            }
+            if (clustered) {
+                attrs[n_attrs].id = kLaunchAttributeClusterDimension;
+                attrs[n_attrs++].value.cluster_dim = {cluster_[0], cluster_[1], cluster_[2]};
+            }
             const CUlaunchConfig config{grid_[0], grid_[1], grid_[2], block_x_, 1, 1,
-                                        shared_mem_, stream_handle, &attr, 1};
+                                        shared_mem_, stream_handle, attrs, n_attrs};
             rc = d.launch_kernel_ex(&config, function_, params, nullptr);
         } else {
             rc = d.launch_kernel(function_, grid_[0], grid_[1], grid_[2], block_x_, 1, 1,
                                  shared_mem_, stream_handle, params, nullptr);
         }
         if (rc != kCudaSuccess) {
-            const char* name = nullptr;
-            if (d.get_error_name == nullptr || d.get_error_name(rc, &name) != kCudaSuccess ||
-                name == nullptr) {
-                name = "unknown error";
-            }
             throw std::runtime_error(std::string(ex ? "cuLaunchKernelEx" : "cuLaunchKernel") +
                                      " failed with CUresult " + std::to_string(rc) + " (" +
-                                     name + ")");
+                                     error_name(rc) + ")");
         }
     }
 
@@ -416,6 +452,7 @@ class KernelLaunch {
 
     void* function_;
     std::array<uint32_t, 3> grid_{};
+    std::array<uint32_t, 3> cluster_{};
     uint32_t block_x_;
     uint32_t shared_mem_;
     size_t n_ptrs_;
@@ -427,6 +464,30 @@ class KernelLaunch {
     mutable std::array<std::array<CachedMap, kCachedAddresses>, kMaxMaps> cache_{};
     mutable std::array<size_t, kMaxMaps> next_slot_{};
 };
+
+// Clusters of `cluster_size` CTAs (shaped 1 x cluster_size x 1, as the split-K clusters are)
+// of `function` that the device holds at once: cuOccupancyMaxActiveClusters. Clusters are
+// placed whole inside one GPC, so on a GPU whose GPCs hold different numbers of SMs this is
+// not sm_count / cluster_size.
+int max_active_clusters(uint64_t function, uint32_t block_x, uint32_t shared_mem_bytes,
+                        uint32_t cluster_size) {
+    const Driver& d = driver();
+    if (d.max_active_clusters == nullptr) throw std::runtime_error(kNoDriverMessage);
+    if (cluster_size == 0) throw py::value_error("cluster_size must be positive");
+    CUlaunchAttribute attr{};
+    attr.id = kLaunchAttributeClusterDimension;
+    attr.value.cluster_dim = {1, cluster_size, 1};
+    const CUlaunchConfig config{1, cluster_size, 1, block_x, 1, 1, shared_mem_bytes, nullptr,
+                                &attr, 1};
+    int clusters = 0;
+    const CUresult rc =
+        d.max_active_clusters(&clusters, reinterpret_cast<void*>(function), &config);
+    if (rc != kCudaSuccess) {
+        throw std::runtime_error("cuOccupancyMaxActiveClusters failed with CUresult " +
+                                 std::to_string(rc) + " (" + error_name(rc) + ")");
+    }
+    return clusters;
+}
 
 // Byte bounds [lo, hi) of an array relative to its base pointer (negative strides give lo < 0).
 using RelativeBounds = std::pair<int64_t, int64_t>;
@@ -535,6 +596,12 @@ PYBIND11_MODULE(_tensormap, m) {
     m.attr("CUDA_SUCCESS") = kCudaSuccess;
     m.attr("CUDA_ERROR_NOT_INITIALIZED") = kCudaErrorNotInitialized;
     m.attr("CUDA_ERROR_INVALID_CONTEXT") = kCudaErrorInvalidContext;
+    m.def("max_active_clusters", &max_active_clusters, py::arg("function"), py::arg("block_x"),
+          py::arg("shared_mem_bytes"), py::arg("cluster_size"),
+          "cuOccupancyMaxActiveClusters: how many clusters of cluster_size CTAs of the kernel "
+          "(block_x threads, shared_mem_bytes of dynamic shared memory) the device runs at "
+          "once.");
+    m.attr("LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION") = kLaunchAttributeClusterDimension;
     m.attr("LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION") =
         kLaunchAttributeProgrammaticStreamSerialization;
     m.attr("DATA_TYPE_FLOAT16") = kDataTypeFloat16;
@@ -554,10 +621,11 @@ PYBIND11_MODULE(_tensormap, m) {
     py::class_<KernelLaunch>(m, "KernelLaunch",
                              "A repeatable launch: tensor-map templates + grid + scalar args.")
         .def(py::init<uint64_t, const py::sequence&, uint32_t, uint32_t, const py::sequence&,
-                      const py::sequence&, size_t, bool>(),
+                      const py::sequence&, size_t, bool, const py::sequence&>(),
              py::arg("function"), py::arg("grid"), py::arg("block_x"),
              py::arg("shared_mem_bytes"), py::arg("map_templates"), py::arg("ints"),
-             py::arg("pointers") = 0, py::arg("programmatic") = false)
+             py::arg("pointers") = 0, py::arg("programmatic") = false,
+             py::arg("cluster") = py::make_tuple(1, 1, 1))
         .def("launch", &KernelLaunch::launch_py, py::arg("stream"));
     py::class_<DirectRepeat>(m, "DirectRepeat",
                              "The launches of a call that reads A and B in place and stores "

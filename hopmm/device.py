@@ -13,15 +13,54 @@ class DeviceInfo:
     compute_capability: tuple[int, int]
     sm_count: int
     smem_per_block_optin: int  # bytes a block may use after raising its dynamic limit
+    # cluster_capacity[n - 1]: clusters of n CTAs, each holding a whole SM (one CTA per SM, as
+    # hopmm's kernels take), that run at once; empty where unknown. A cluster is placed whole
+    # inside one GPC, so where GPCs hold different numbers of SMs this is less than
+    # sm_count // n (an H100 SXM held 30 clusters of four, 120 of its 132 SMs).
+    cluster_capacity: tuple = ()
 
     @property
     def is_hopper(self) -> bool:
         return self.compute_capability == HOPPER_CC
 
+    def clusters_at_once(self, size: int) -> int | None:
+        """Clusters of `size` whole-SM CTAs that run at once, or None where unknown."""
+        if 1 <= size <= len(self.cluster_capacity):
+            return self.cluster_capacity[size - 1]
+        return None
+
 
 # The H100 SXM as measured (FACTS): used where no device can be asked (CPU-only checks).
 H100_SXM = DeviceInfo(name="NVIDIA H100 (assumed)", compute_capability=HOPPER_CC, sm_count=132,
                       smem_per_block_optin=232448)
+
+
+# The largest portable cluster: the sizes whose capacity query() reads.
+MAX_PORTABLE_CLUSTER = 8
+# Threads of the kernel whose cluster occupancy query() asks for: as many as hopmm's largest
+# CTA (four warpgroups). Shared memory, the whole per-block limit, is what makes it one per SM.
+_CAPACITY_PROBE_THREADS = 512
+_CAPACITY_PROBE = 'extern "C" __global__ void hopmm_cluster_capacity_probe() {}'
+
+
+def _cluster_capacity(device_id: int, smem_optin: int) -> tuple:
+    """cuOccupancyMaxActiveClusters for clusters of 1..MAX_PORTABLE_CLUSTER CTAs of an empty
+    kernel that takes all of an SM's shared memory; () where the driver cannot tell."""
+    import cupy
+
+    from . import _tensormap
+
+    try:
+        with cupy.cuda.Device(device_id):
+            probe = cupy.RawKernel(_CAPACITY_PROBE, "hopmm_cluster_capacity_probe")
+            probe.max_dynamic_shared_size_bytes = smem_optin
+            return tuple(_tensormap.max_active_clusters(probe.kernel.ptr,
+                                                        _CAPACITY_PROBE_THREADS, smem_optin,
+                                                        size)
+                         for size in range(1, MAX_PORTABLE_CLUSTER + 1))
+    except (RuntimeError, cupy.cuda.driver.CUDADriverError,
+            cupy.cuda.runtime.CUDARuntimeError, cupy.cuda.compiler.CompileException):
+        return ()
 
 
 @functools.lru_cache(maxsize=None)
@@ -30,11 +69,16 @@ def query(device_id: int) -> DeviceInfo:
 
     props = cupy.cuda.runtime.getDeviceProperties(device_id)
     name = props["name"]
+    capability = (props["major"], props["minor"])
+    smem_optin = props["sharedMemPerBlockOptin"]
     return DeviceInfo(
         name=name.decode() if isinstance(name, bytes) else str(name),
-        compute_capability=(props["major"], props["minor"]),
+        compute_capability=capability,
         sm_count=props["multiProcessorCount"],
-        smem_per_block_optin=props["sharedMemPerBlockOptin"],
+        smem_per_block_optin=smem_optin,
+        # Clusters exist from compute capability 9.0 on.
+        cluster_capacity=(_cluster_capacity(device_id, smem_optin)
+                          if capability >= HOPPER_CC else ()),
     )
 
 

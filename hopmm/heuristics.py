@@ -10,7 +10,7 @@ from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, ELEM_BYTES, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, KernelConfig,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
-                        PersistentSchedule, SplitKSchedule)
+                        PersistentSchedule, SplitKClusterSchedule, SplitKSchedule)
 
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
 # rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
@@ -44,6 +44,15 @@ SPLIT_K_KBLOCK_US = 0.3
 SPLIT_K_DRAM_TBPS = 3.0
 SPLIT_K_L2_TBPS = 16.0
 SPLIT_K_HANDOFF_US = 3.7
+# Split-K in clusters (SplitKClusterSchedule): the same model, but the splits of a tile add
+# their partials through distributed shared memory all at once instead of handing off in turn,
+# and the grid runs in waves of the clusters the device holds at once (cluster_capacity):
+#   time(s) = max(waves * ceil(k_blocks / s) * KBLOCK_US,  DRAM term,  L2 term)
+#             + waves * CLUSTER_REDUCE_US
+# CLUSTER_REDUCE_US is a prediction, not yet a measurement: two cluster barriers and, per
+# CTA, 64 KB of partials read from the peers' shared memory and 32 KB of 16-bit rows stored
+# (bench/NOTES.md v0.13).
+SPLIT_K_CLUSTER_REDUCE_US = 2.0
 # Taken only when the model predicts at least this gain over one split.
 SPLIT_K_MIN_GAIN = 1.1
 # Every split keeps at least this many k-blocks. Measured (H100, bench/NOTES.md v0.11): 2 splits
@@ -143,63 +152,111 @@ def _relative_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int
 
 
 def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int,
-                        operand_bytes: int) -> float:
-    """The time model above, in microseconds."""
+                        operand_bytes: int, clusters: int | None = None) -> float:
+    """The time models above, in microseconds: split_k's, or with `clusters` (clusters of
+    `splits` CTAs the device holds at once) split_k_cluster's."""
     per_cta = -(-k_blocks // splits) * SPLIT_K_KBLOCK_US
     dram = operand_bytes / (SPLIT_K_DRAM_TBPS * 1e6)
     l2 = tiles * k_blocks * stage_bytes / (SPLIT_K_L2_TBPS * 1e6)
-    return max(per_cta, dram, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
+    if clusters is None:
+        return max(per_cta, dram, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
+    waves = -(-tiles // clusters)
+    reduce = SPLIT_K_CLUSTER_REDUCE_US if splits > 1 else 0.0
+    return max(waves * per_cta, dram, l2) + waves * reduce
+
+
+SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule)
+
+
+def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
+                     forced: bool) -> dict:
+    """{splits: predicted us} for every count of at least 2 that `sched` may take: within its
+    bound (max_splits), SPLIT_K_MAX_SPLITS and SPLIT_K_MIN_K_BLOCKS per split (any count of
+    k-blocks when forced). split_k_cluster needs the device's cluster capacity, which it
+    assumes to be sm_count // splits only when forced."""
+    batch_count = min(problem.batch, MAX_GRID_Z)
+    bound = sched.max_splits(problem, cfg, batch_count, device.sm_count)
+    k_blocks = sched.k_blocks(problem, cfg)
+    top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // SPLIT_K_MIN_K_BLOCKS)
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
+    stage = sched.stage_bytes(cfg)
+    operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
+    out = {}
+    for splits in range(2, top + 1):
+        clusters = None
+        if sched is SplitKClusterSchedule:
+            clusters = device.clusters_at_once(splits)
+            if clusters is None and forced:
+                clusters = device.sm_count // splits
+            if not clusters:
+                continue
+        out[splits] = split_k_estimate_us(tiles, k_blocks, splits, stage, operands, clusters)
+    return out
+
+
+def _one_split_us(problem: Problem, cfg: KernelConfig) -> float:
+    """The model's time of the unsplit tile: what splitting must beat by SPLIT_K_MIN_GAIN."""
+    k_blocks = SplitKSchedule.k_blocks(problem, cfg)
+    operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
+    return split_k_estimate_us(_tiles(problem, cfg.block_m, cfg.block_n), k_blocks, 1,
+                               SplitKSchedule.stage_bytes(cfg), operands)
 
 
 def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
-                forced: bool = False) -> int:
-    """Splits for split-K: the model's best count within the co-residency bound
-    (SplitKSchedule.max_splits), SPLIT_K_MAX_SPLITS and SPLIT_K_MIN_K_BLOCKS per split; 1 when
-    splitting does not pay by SPLIT_K_MIN_GAIN. Forced (use_schedule), the best count of at
-    least 2 wherever the bound allows 2, so that the ordered reduction runs."""
-    batch_count = min(problem.batch, MAX_GRID_Z)
-    bound = SplitKSchedule.max_splits(problem, cfg, batch_count, device.sm_count)
-    k_blocks = SplitKSchedule.k_blocks(problem, cfg)
-    top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // SPLIT_K_MIN_K_BLOCKS)
-    if top < 2:
+                forced: bool = False, sched=SplitKSchedule) -> int:
+    """Splits for `sched` (split_k or split_k_cluster): the model's best count
+    (_split_estimates); 1 when splitting does not pay by SPLIT_K_MIN_GAIN. Forced
+    (use_schedule), the best count of at least 2 wherever the bound allows 2, so that the
+    reduction runs."""
+    estimates = _split_estimates(sched, problem, cfg, device, forced)
+    if not estimates:
         return 1
-    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    stage = SplitKSchedule.stage_bytes(cfg)
-    operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
-
-    def estimate(splits):
-        return split_k_estimate_us(tiles, k_blocks, splits, stage, operands)
-
-    best = min(range(2, top + 1), key=lambda s: (estimate(s), s))
+    best = min(estimates, key=lambda s: (estimates[s], s))
     if forced:
         return best
-    gain = estimate(1) / estimate(best)
-    return best if gain >= SPLIT_K_MIN_GAIN else 1
+    return best if _one_split_us(problem, cfg) / estimates[best] >= SPLIT_K_MIN_GAIN else 1
 
 
-def _split_k_choice(problem: Problem, device: DeviceInfo, forced: bool) -> Choice | None:
+def _split_k_choice(problem: Problem, device: DeviceInfo,
+                    forced: str | None) -> Choice | None:
+    """Split-K where it pays: on the `forced` split-K schedule, or on whichever of them the
+    model puts faster. None where no split pays (or the tile does not fit)."""
     cfg = SplitKSchedule.deepest(problem.dtype, 128, problem.trans_a, problem.trans_b,
                                  device.smem_per_block_optin)
     if cfg is None:
         return None
-    tiles = _tiles(problem, BLOCK_M, 128)
-    k_blocks = SplitKSchedule.k_blocks(problem, cfg)
-    splits = split_count(problem, cfg, device, forced)
-    if not forced and splits < 2:
+    picks = []
+    for sched in SPLIT_K_SCHEDULES:
+        if forced in (None, sched.name):
+            splits = split_count(problem, cfg, device, forced is not None, sched)
+            if forced or splits >= 2:
+                estimates = _split_estimates(sched, problem, cfg, device, forced is not None)
+                picks.append((estimates.get(splits, 0.0), sched, splits))
+    if not picks:
         return None
-    group = _raster_group(problem, SplitKSchedule, cfg.block_m)
-    why = (f"split_k: {tiles} tiles of 128x128 for {device.sm_count} SMs, {k_blocks} k-blocks "
-           f"in {splits} splits ({k_blocks // splits}-{-(-k_blocks // splits)} k-blocks each, "
-           f"reduced in order through an fp32 workspace); {cfg.stages} stages fit in "
-           f"{device.smem_per_block_optin} B of shared memory; "
-           f"{SplitKSchedule.smem_note(cfg)}")
-    return Choice(SplitKSchedule, cfg, why, group, splits)
+    estimate, sched, splits = min(picks, key=lambda p: p[0])
+    tiles = _tiles(problem, BLOCK_M, 128)
+    k_blocks = sched.k_blocks(problem, cfg)
+    if sched is SplitKClusterSchedule:
+        clusters = device.clusters_at_once(splits)
+        how = (f"reduced in order through distributed shared memory in clusters of {splits} "
+               f"CTAs" + (f", {clusters} of which run at once" if clusters else ""))
+    else:
+        how = "reduced in order through an fp32 workspace"
+    why = (f"{sched.name}: {tiles} tiles of 128x128 for {device.sm_count} SMs, {k_blocks} "
+           f"k-blocks in {splits} splits ({k_blocks // splits}-{-(-k_blocks // splits)} "
+           f"k-blocks each, {how})"
+           + (f"; predicted {estimate:.1f} us" if splits > 1 else "")
+           + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
+           f"{sched.smem_note(cfg)}")
+    return Choice(sched, cfg, why, _raster_group(problem, sched, cfg.block_m), splits)
 
 
 @functools.lru_cache(maxsize=4096)
 def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) -> Choice:
-    if schedule in (None, SplitKSchedule.name):
-        split = _split_k_choice(problem, device, forced=schedule is not None)
+    split_k_names = [s.name for s in SPLIT_K_SCHEDULES]
+    if schedule is None or schedule in split_k_names:
+        split = _split_k_choice(problem, device, forced=schedule)
         if split is not None:
             return split
         if schedule is not None:

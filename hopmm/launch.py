@@ -206,7 +206,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
               else matrix_spec(a3, "cols", a_rows))
     spec_b = (matrix_spec(b3, "cols", cfg.block_k) if cfg.trans_b
               else matrix_spec(b3, "rows", b_rows))
-    spec_c = matrix_spec(c3, "cols", TMA_BOX_ELEMS)
+    spec_c = matrix_spec(c3, "cols", sched.c_box_rows)
     templates = [_map_template(spec) for spec in (spec_a, spec_b, spec_c)]
     tiles_m, tiles_n = sched.tiles(problem, cfg)
     sm_count = query(device_id).sm_count
@@ -216,9 +216,10 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         ints = (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
                 tiles_n, choice.raster_group)
         grid = sched.grid(problem, cfg, count, sm_count, choice.splits)
-        if not sched.split_k:
+        if not sched.workspace:
             launches.append(KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
-                                         templates, ints, programmatic=programmatic))
+                                         templates, ints, programmatic=programmatic,
+                                         cluster=sched.launch_cluster(choice.splits)))
             continue
         # Split-K: a fourth map (the fp32 workspace of this chunk's geometry) and the
         # workspace / semaphore pointers, all of the launching stream's workspace.

@@ -11,6 +11,9 @@ from .schedules import SCHEDULES
 
 # A cluster kernel meets its peers twice: after the mbarrier init and before exit.
 CLUSTER_BARRIERS = 2
+# A kernel whose cluster is shaped at launch (split_k_cluster) meets its peers twice too: once
+# its partials are staged, and once they are read, before exit.
+LAUNCH_CLUSTER_BARRIERS = 2
 
 
 @dataclass(frozen=True)
@@ -45,9 +48,18 @@ def check_all(device: DeviceInfo) -> list[KernelCheck]:
 
 def cluster_problems(schedule, summary: sass.SassSummary) -> list[str]:
     """A cluster kernel must multicast its TMA loads, arrive on its peers' mbarriers and meet
-    its peers at cluster barriers (after the barrier init and before exit); a kernel without a
-    cluster must do none of it."""
+    its peers at cluster barriers (after the barrier init and before exit); a kernel in a
+    cluster shaped at launch must meet its peers at its cluster barriers (every warpgroup: at
+    least an arrive and a wait for each) and neither multicast nor arrive on a peer's
+    mbarrier; a kernel without a cluster must do none of it."""
     c = summary.counts
+    if schedule.cluster_at_launch:
+        used = [name for name in ("tma_multicast", "remote_arrive") if c[name]]
+        out = [f"multicast or remote arrives in a split-K cluster: {', '.join(used)}"] if used else []
+        if c["cluster_barrier"] < 2 * LAUNCH_CLUSTER_BARRIERS:
+            out.append(f"{c['cluster_barrier']} cluster barrier instructions: expected an arrive "
+                       f"and a wait for each of {LAUNCH_CLUSTER_BARRIERS} cluster barriers")
+        return out
     if schedule.cluster_size == 1:
         used = [name for name in ("tma_multicast", "cluster_barrier", "remote_arrive") if c[name]]
         return [f"cluster instructions without a cluster: {', '.join(used)}"] if used else []

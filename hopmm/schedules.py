@@ -107,6 +107,10 @@ class WarpSpecializedSchedule:
     extra_params = ""
     extra_args = ""
     pointers = 0
+    # Whether split-K partials go through an fp32 workspace in global memory (and semaphores).
+    workspace = False
+    # Rows of the output's TMA store box (its columns: TMA_BOX_ELEMS).
+    c_box_rows = WGMMA_M
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -198,6 +202,16 @@ class WarpSpecializedSchedule:
         """One CTA per tile: x is the linear tile index (ordered by the raster), z the batch."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return (tiles_m * tiles_n, 1, batch_count)
+
+    # Whether the kernel runs in clusters shaped at launch (1 x splits x 1: split_k_cluster),
+    # rather than none or the __cluster_dims__ of cluster_size.
+    cluster_at_launch = False
+
+    @classmethod
+    def launch_cluster(cls, splits: int = 1) -> tuple[int, int, int]:
+        """The cluster shape given at launch; (1, 1, 1) for none (or one fixed by
+        __cluster_dims__, which the cluster_size schedules carry)."""
+        return (1, splits, 1) if cls.cluster_at_launch else (1, 1, 1)
 
     @classmethod
     def kernel_name(cls, cfg: KernelConfig) -> str:
@@ -422,6 +436,7 @@ class SplitKSchedule(WarpSpecializedSchedule):
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::split_k_gemm",
                  EPILOGUE="hopmm::SplitKEpilogue")
     split_k = True
+    workspace = True
     # Few tiles is the point of split-K: 128-wide tiles, and the fp32 partial (128 x 128 x 4 =
     # 64 KB) still leaves 5 stages next to the operand ring.
     block_ns = (128,)
@@ -430,9 +445,12 @@ class SplitKSchedule(WarpSpecializedSchedule):
     extra_args = " &map_w, workspace, semaphores,"
     pointers = 2
 
+    # The snippet that combines the partials.
+    reduce_snippet = "split_k_reduce.cuh"
+
     @classmethod
     def snippets(cls) -> list[str]:
-        return super().snippets() + ["split_k_reduce.cuh"]
+        return super().snippets() + [cls.reduce_snippet]
 
     @classmethod
     def epilogue_bytes(cls, cfg: KernelConfig) -> int:
@@ -489,7 +507,59 @@ class SplitKSchedule(WarpSpecializedSchedule):
         return batch_count * tiles_m * tiles_n * cfg.consumers
 
 
+# The most CTAs of a portable cluster (8 on Hopper without the non-portable opt-in).
+MAX_CLUSTER_SPLITS = 8
+# Rows of one reduced group and TMA store box of the cluster reduction: one 128-byte swizzle
+# period of 16-bit rows (split_k_cluster_reduce.cuh).
+CLUSTER_REDUCE_GROUP_ROWS = 8
+
+
+class SplitKClusterSchedule(SplitKSchedule):
+    """Split-K whose `splits` CTAs of an output tile form one thread-block cluster (1 x splits
+    x 1, given at launch), which adds their fp32 partials through distributed shared memory,
+    in split order, each CTA reducing and storing its share of the tile's rows
+    (split_k_cluster_reduce.cuh). The same sums as split_k, bitwise, without its fp32
+    workspace, semaphores and serial hand-offs; co-scheduled by the hardware, so the grid may
+    hold more CTAs than SMs. At most MAX_CLUSTER_SPLITS splits."""
+
+    name = "split_k_cluster"
+    skeleton = "kernel_split_k_cluster.cuh"
+    slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::split_k_cluster_gemm",
+                 EPILOGUE="hopmm::SplitKClusterEpilogue")
+    workspace = False
+    cluster_at_launch = True
+    extra_params = ""
+    extra_args = ""
+    pointers = 0
+    c_box_rows = CLUSTER_REDUCE_GROUP_ROWS
+    reduce_snippet = "split_k_cluster_reduce.cuh"
+
+    @classmethod
+    def smem_note(cls, cfg: KernelConfig) -> str:
+        return (f"the fp32 partial ({cfg.block_m}x{cfg.block_n}x{F32_BYTES} B), which the "
+                f"cluster's CTAs read through distributed shared memory, and the 16-bit staging "
+                f"of a plain store share the epilogue's memory; each CTA stages its reduced "
+                f"rows in the operand stages, free once the main loops are done ({cfg.stages} "
+                f"stages fit)")
+
+    @classmethod
+    def max_splits(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                   sm_count: int) -> int:
+        """The most CTAs of a portable cluster, at most one split per k-block; at least 1."""
+        return max(1, min(MAX_CLUSTER_SPLITS, cls.k_blocks(problem, cfg)))
+
+    @classmethod
+    def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+             sm_count: int, splits: int = 1) -> tuple[int, int, int]:
+        top = cls.max_splits(problem, cfg, batch_count, sm_count)
+        if not 1 <= splits <= top:
+            raise ValueError(f"{splits} splits: a cluster holds at most {MAX_CLUSTER_SPLITS} "
+                             f"CTAs and every split needs a k-block (at most {top})")
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return (tiles_m * tiles_n, splits, batch_count)
+
+
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
                                  PersistentOverlapSchedule, PersistentClusterSchedule,
                                  PersistentClusterOverlapSchedule, PingPongSchedule,
-                                 SplitKSchedule)}
+                                 SplitKSchedule, SplitKClusterSchedule)}

@@ -157,6 +157,10 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
             if not sched.split_k:
                 out.extend(Choice(sched, cfg, "autotune candidate", g) for g in groups)
                 continue
+            # Split-K gives idle SMs slices of K: with a tile for every SM there are none.
+            batch_count = min(problem.batch, MAX_GRID_Z)
+            if tiles_m * -(-problem.n // block_n) * batch_count >= device.sm_count:
+                continue
             bound = sched.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z),
                                      device.sm_count)
             for splits in sorted({min(s, bound) for s in SPLIT_COUNTS

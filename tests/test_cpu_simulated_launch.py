@@ -16,7 +16,7 @@ import pytest
 
 import hopmm
 from hopmm import api, device, fastpath, heuristics, launch, layout, workspace
-from hopmm.schedules import BLOCK_M, TMA_BOX_ELEMS
+from hopmm.schedules import BLOCK_M, CLUSTER_REDUCE_GROUP_ROWS, TMA_BOX_ELEMS
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -102,9 +102,10 @@ class SimulatedLaunch:
     split_launches = []   # (grid, stream, workspace pointer, semaphore pointer) of split-K
 
     def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints,
-                 pointers=0, programmatic=False):
+                 pointers=0, programmatic=False, cluster=(1, 1, 1)):
         self.block_x, self.shared_mem_bytes = block_x, shared_mem_bytes
         self.programmatic = programmatic
+        self.cluster = tuple(cluster)
         self.templates = map_templates
         self.grid = grid
         self.pointers = pointers
@@ -117,6 +118,10 @@ class SimulatedLaunch:
         assert len(extra) == self.pointers + len(self.templates) - 3
         if len(self.templates) == 4:
             return self._split_k(stream, a_ptr, b_ptr, c_ptr, *extra)
+        if self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:   # C's box: 8 rows
+            return self._split_k_cluster(a_ptr, b_ptr, c_ptr)
+        assert self.templates[2][3] == (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1)
+        assert self.cluster == (1, 1, 1)
         (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_) = \
             self.templates
         dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
@@ -133,6 +138,43 @@ class SimulatedLaunch:
             am = a[za] if a_k_major else a[za].T          # (m, k)
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
             c[z] = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
+
+    def _partials(self, am, bm, splits):
+        """Each split's partial product over its k-blocks (the kernel's partition)."""
+        k_blocks = -(-self.k // 64)
+        assert 1 <= splits <= k_blocks
+        q, r = divmod(k_blocks, splits)
+        partials = []
+        for s in range(splits):
+            first, nblk = s * q + min(s, r), q + (s < r)
+            assert nblk >= 1
+            lo, hi = 64 * first, min(self.k, 64 * (first + nblk))
+            partials.append(am[:, lo:hi] @ bm[lo:hi])
+        assert 64 * (splits * q + min(splits, r)) >= self.k  # every k-block covered
+        return partials
+
+    def _split_k_cluster(self, a_ptr, b_ptr, c_ptr):
+        """The cluster split-K kernel: the splits of a tile are one cluster (1 x splits x 1)
+        and add their partials in split order; C is stored in boxes of 8 rows."""
+        tiles, splits, count = self.grid
+        assert self.cluster == (1, splits, 1) and splits <= 8
+        assert tiles == self.tiles_m * self.tiles_n and count == self.count
+        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), \
+            (_, c_dims, c_str, c_box, *_) = self.templates
+        assert c_box == (TMA_BOX_ELEMS, CLUSTER_REDUCE_GROUP_ROWS, 1)
+        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
+        a, b, c = (_view(p, d, s, dt) for p, d, s in
+                   ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
+        a_k_major, b_n_major = a_box[1] == BLOCK_M, b_box[1] == TMA_BOX_ELEMS
+        for z in range(self.z0, self.z0 + self.count):
+            za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
+            am = (a[za] if a_k_major else a[za].T).astype(np.float32)
+            bm = (b[zb] if b_n_major else b[zb].T).astype(np.float32)
+            partials = self._partials(am, bm, splits)
+            total = partials[0]
+            for p in partials[1:]:
+                total = total + p
+            c[z] = total.astype(dt)
 
     def _split_k(self, stream, a_ptr, b_ptr, c_ptr, w_map_ptr, w_ptr, sem_ptr):
         """The split-K kernel: split s of a tile sums its k-blocks (the kernel's partition),
@@ -164,14 +206,7 @@ class SimulatedLaunch:
             za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
             am = (a[za] if a_k_major else a[za].T).astype(np.float32)
             bm = (b[zb] if b_n_major else b[zb].T).astype(np.float32)
-            q, r = divmod(k_blocks, splits)
-            partials = []
-            for s in range(splits):
-                first, nblk = s * q + min(s, r), q + (s < r)
-                assert nblk >= 1
-                lo, hi = 64 * first, min(self.k, 64 * (first + nblk))
-                partials.append(am[:, lo:hi] @ bm[lo:hi])
-            assert 64 * (splits * q + min(splits, r)) >= self.k  # every k-block covered
+            partials = self._partials(am, bm, splits)
             if splits == 1:
                 c[z] = partials[0].astype(dt)
                 continue
@@ -482,6 +517,33 @@ def test_simulated_split_k(simulated_gpu, case):
         a.shape, b.shape)).problem, device.H100_SXM, "split_k").splits
     if -(-k // 64) >= 2 and tiles * batch * 2 <= 132:
         assert grid[1] >= 2, "forced split-K splits whenever the bound allows"
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=list(SPLIT_CASES))
+def test_simulated_split_k_cluster(simulated_gpu, monkeypatch, case):
+    """Forced split_k_cluster: a grid of (tiles, splits, batch) launched in clusters of
+    1 x splits x 1, C stored in boxes of 8 rows (checked by the stand-in kernel), no workspace;
+    explain names the cluster; repeats without copies go through DirectRepeat."""
+    m, k, n, batch = SPLIT_CASES[case]
+    hopmm.use_schedule("split_k_cluster")
+    a, b = rand((batch, m, k)), rand((k, n))
+    text = hopmm.explain(a, b)
+    planned = _count_plans(monkeypatch)
+    for _ in range(2):
+        expect(a, b, hopmm.matmul(a, b))
+    run = SimulatedLaunch.last
+    tiles = -(-m // 128) * -(-n // 128)
+    splits = heuristics.choose(api._kernel_call(a, b, layout.matmul_shapes(
+        a.shape, b.shape)).problem, device.H100_SXM, "split_k_cluster").splits
+    assert run.grid == (tiles, splits, batch) and run.cluster == (1, splits, 1)
+    assert 1 <= splits <= min(8, -(-k // 64)) and (splits >= 2) == (k > 64)
+    assert SimulatedLaunch.split_launches == [] and len(planned) == 1
+    (recipe,) = fastpath._recipes.values()
+    copies = type(recipe) is fastpath.Recipe and (recipe.a_copy or recipe.b_copy
+                                                  or recipe.c_buffer)
+    assert type(recipe) is fastpath.DirectRecipe or copies   # no workspace to look up
+    assert "schedule: split_k_cluster" in text
+    assert (f"cluster: (1, {splits}, 1) at launch" in text) == (splits > 1)
 
 
 def test_simulated_split_k_fast_path_and_streams(simulated_gpu, monkeypatch):

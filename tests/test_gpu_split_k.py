@@ -1,7 +1,8 @@
-"""GPU tier, split-K: correctness against cupy.matmul for explicit split counts (dividing the
-k-blocks or not, K not a multiple of 64, K shorter than splits x 64 is refused by the bound),
-batches and transposed / strided operands; bitwise identical results run to run and across
-two streams; semaphores back at zero after every kernel. Skips without a Hopper GPU."""
+"""GPU tier, split-K (the serial split_k and split_k_cluster): correctness against
+cupy.matmul for explicit split counts (dividing the k-blocks or not, K not a multiple of 64,
+K shorter than splits x 64 is refused by the bound), batches and transposed / strided
+operands; bitwise identical results run to run, across two streams and between the two
+reductions; semaphores back at zero after every kernel. Skips without a Hopper GPU."""
 import dataclasses
 
 import numpy as np
@@ -45,9 +46,13 @@ def rel_err(got, a, b):
     return float(cupy.linalg.norm(got - r) / max(float(cupy.linalg.norm(r)), 1e-30))
 
 
-def run_split(a, b, splits):
-    """C = A @ B on the split-K kernel with exactly `splits` splits (output poisoned first).
-    Returns (C, the choice)."""
+SPLIT_K = ["split_k", "split_k_cluster"]
+CLUSTER_MAX = 8   # schedules.MAX_CLUSTER_SPLITS
+
+
+def run_split(a, b, splits, schedule="split_k"):
+    """C = A @ B on the split-K kernel of `schedule` with exactly `splits` splits (output
+    poisoned first). Returns (C, the choice)."""
     import cupy
 
     from hopmm import api, heuristics, launch, layout
@@ -56,7 +61,7 @@ def run_split(a, b, splits):
     shapes = layout.matmul_shapes(a.shape, b.shape)
     call = api._kernel_call(a, b, shapes)
     dev = query(cupy.cuda.Device().id)
-    choice = dataclasses.replace(heuristics.choose(call.problem, dev, "split_k"), splits=splits)
+    choice = dataclasses.replace(heuristics.choose(call.problem, dev, schedule), splits=splits)
     s = shapes
     c3 = cupy.full((s.batch, s.m, layout.padded(s.n, a.itemsize)), cupy.nan,
                    dtype=a.dtype)[:, :, :s.n]
@@ -83,37 +88,103 @@ CASES = [(256, 256, 1024, 4), (1000, 1023, 4097, 2), (300, 260, 4097, 7),
          (1, 8, 64, 1), (130, 70, 1000, 1)]
 
 
+@pytest.mark.parametrize("schedule", SPLIT_K)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("m,n,k,splits", CASES, ids=[f"{m}x{n}x{k}_s{s}" for m, n, k, s in CASES])
-def test_split_k_matches_cupy(m, n, k, splits, dtype):
+def test_split_k_matches_cupy(m, n, k, splits, dtype, schedule):
+    if schedule == "split_k_cluster":
+        splits = min(splits, CLUSTER_MAX)
     a, b = rand((m, k), dtype), rand((k, n), dtype)
-    c, choice = run_split(a, b, splits)
-    assert choice.splits == splits
+    c, choice = run_split(a, b, splits, schedule)
+    assert choice.splits == splits and choice.schedule.name == schedule
     assert rel_err(c, a, b) < TOL[dtype]
     assert semaphores_zero()
 
 
+@pytest.mark.parametrize("schedule", SPLIT_K)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_split_k_transposed_and_batched(ta, tb):
+def test_split_k_transposed_and_batched(ta, tb, schedule):
     dtype = "bfloat16"
     m, n, k, batch = 200, 136, 1500, 3
     a = rand((batch, k, m), dtype).transpose(0, 2, 1) if ta else rand((batch, m, k), dtype)
     b = rand((batch, n, k), dtype).transpose(0, 2, 1) if tb else rand((batch, k, n), dtype)
-    c, _ = run_split(a, b, 5)
+    c, _ = run_split(a, b, 5, schedule)
     assert rel_err(c, a, b) < TOL[dtype]
     assert semaphores_zero()
 
 
-def test_split_k_strided_views_and_broadcast():
+@pytest.mark.parametrize("schedule", SPLIT_K)
+def test_split_k_strided_views_and_broadcast(schedule):
     dtype = "float16"
     big_a = rand((300, 2100), dtype)
     a = big_a[10:210, 8:2008]           # strided rows, read in place
     b = rand((2000, 2, 96), dtype)[:, 1, :]   # 2-element row stride
-    c, _ = run_split(a, b, 6)
+    c, _ = run_split(a, b, 6, schedule)
     assert rel_err(c, a, b) < TOL[dtype]
     a3, b3 = rand((4, 100, 900), dtype), rand((900, 50), dtype)   # B broadcast over the batch
-    c, _ = run_split(a3, b3, 3)
+    c, _ = run_split(a3, b3, 3, schedule)
     assert rel_err(c, a3, b3) < TOL[dtype]
+
+
+# (m, n, k, splits): uneven slices, edges in M and N, K not a multiple of 64, and a grid of
+# 256 clusters of 8, more than run at once (the clusters of later waves wait for SMs).
+SAME_SUMS = [(1000, 1023, 4097, 2), (300, 260, 4097, 7), (17, 23, 777, 5), (512, 512, 16384, 8),
+             (2048, 2048, 4096, 8)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k,splits", SAME_SUMS,
+                         ids=[f"{m}x{n}x{k}_s{s}" for m, n, k, s in SAME_SUMS])
+def test_cluster_reduction_is_bitwise_the_serial_one(m, n, k, splits, dtype):
+    """split_k_cluster adds the same partials in the same order as split_k: the same bits,
+    every run."""
+    import cupy
+
+    from hopmm.device import query
+
+    a, b = rand((m, k), dtype), rand((k, n), dtype)
+    cluster, _ = run_split(a, b, splits, "split_k_cluster")
+    assert rel_err(cluster, a, b) < TOL[dtype]
+    bits = cluster.view(cupy.uint16).copy()
+    # split_k's co-residency bound refuses grids of more CTAs than SMs.
+    if -(-m // 128) * -(-n // 128) * splits <= query(cupy.cuda.Device().id).sm_count:
+        serial, _ = run_split(a, b, splits, "split_k")
+        assert bool(cupy.array_equal(serial.view(cupy.uint16), bits))
+    else:
+        assert (m, n) == (2048, 2048)
+    for _ in range(5):
+        again, _ = run_split(a, b, splits, "split_k_cluster")
+        assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
+
+
+def test_cluster_capacity_is_read_from_the_device():
+    """cuOccupancyMaxActiveClusters, through the extension: one CTA per SM without a cluster,
+    never more SMs than the GPU has, fewer clusters as they grow."""
+    import cupy
+
+    from hopmm.device import MAX_PORTABLE_CLUSTER, query
+
+    dev = query(cupy.cuda.Device().id)
+    cap = dev.cluster_capacity
+    assert len(cap) == MAX_PORTABLE_CLUSTER and cap[0] == dev.sm_count
+    assert all(n * cap[n - 1] <= dev.sm_count for n in range(1, len(cap) + 1))
+    assert list(cap) == sorted(cap, reverse=True) and cap[-1] >= 1
+    assert dev.clusters_at_once(2) == cap[1] and dev.clusters_at_once(9) is None
+
+
+def test_forced_split_k_cluster_through_matmul_and_explain():
+    import cupy
+
+    import hopmm
+
+    hopmm.use_schedule("split_k_cluster")
+    a, b = rand((512, 16384), "bfloat16"), rand((16384, 512), "bfloat16")
+    text = hopmm.explain(a, b)
+    assert "schedule: split_k_cluster" in text and "at launch" in text, text
+    out = hopmm.matmul(a, b)
+    assert rel_err(out, a, b) < TOL["bfloat16"]
+    again = hopmm.matmul(a, b)          # the fast path (DirectRepeat: no workspace)
+    assert bool(cupy.array_equal(out.view(cupy.uint16), again.view(cupy.uint16)))
 
 
 def test_forced_split_k_through_matmul_and_explain():

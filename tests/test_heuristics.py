@@ -191,6 +191,81 @@ def test_grid_rejects_splits_beyond_the_bound():
     assert SplitKSchedule.max_splits(p2, cfg, 1, 132) == 33
 
 
+# ---- split-K in clusters -------------------------------------------------------------------
+
+from dataclasses import replace  # noqa: E402
+
+from hopmm.schedules import MAX_CLUSTER_SPLITS, SplitKClusterSchedule  # noqa: E402
+
+# An H100 that reports its cluster capacity: 66 clusters of two and 30 of four were read on one
+# (bench/NOTES.md v0.8); the other sizes here are placeholders with the same GPC arithmetic.
+H100_CLUSTERS = replace(H100_SXM, cluster_capacity=(132, 66, 42, 30, 24, 20, 18, 15))
+
+
+def test_unknown_cluster_capacity_keeps_the_serial_split_k():
+    # H100_SXM reports none: the model cannot tell the cluster kernel's waves.
+    assert H100_SXM.clusters_at_once(2) is None
+    assert all(choose(m, n, k).schedule is SplitKSchedule for m, n, k in TARGETS)
+
+
+@pytest.mark.parametrize("m,n,k", TARGETS)
+def test_known_capacity_takes_split_k_in_clusters(m, n, k):
+    c = choose(m, n, k, device=H100_CLUSTERS)
+    assert c.schedule is SplitKClusterSchedule and 2 <= c.splits <= MAX_CLUSTER_SPLITS
+    tiles = -(-m // 128) * -(-n // 128)
+    # the count the model picks fits in one wave of the clusters the device holds at once
+    assert tiles <= H100_CLUSTERS.clusters_at_once(c.splits)
+    assert f"in {c.splits} splits" in c.reason and "distributed shared memory" in c.reason
+    assert f"clusters of {c.splits} CTAs" in c.reason
+
+
+def test_cluster_model_counts_waves_and_no_hand_offs():
+    est = heuristics.split_k_estimate_us
+    operands = (512 + 512) * 16384 * 2
+    # 16 tiles, 256 k-blocks: 8 splits in one wave of 18 clusters, against 2 waves of 15
+    one_wave = est(16, 256, 8, 32768, operands, clusters=18)
+    two_waves = est(16, 256, 8, 32768, operands, clusters=15)
+    assert two_waves > one_wave
+    # main loop 9.6 us, L2 8.4, DRAM 11.2: the DRAM term, and one reduction
+    bound = max(32 * heuristics.SPLIT_K_KBLOCK_US, 16 * 256 * 32768 / 16e6, operands / 3e6)
+    assert one_wave == pytest.approx(bound + heuristics.SPLIT_K_CLUSTER_REDUCE_US)
+    # the serial chain pays a hand-off per split instead
+    assert est(16, 256, 8, 32768, operands) == pytest.approx(
+        bound + 7 * heuristics.SPLIT_K_HANDOFF_US)
+
+
+@pytest.mark.parametrize("m,n,k,batch", [(300, 260, 200, 1), (8192, 8192, 64, 1),
+                                         (17, 23, 5, 100000), (128, 128, 4097, 7),
+                                         (4096, 4096, 4096, 1)])
+def test_forced_split_k_cluster_needs_no_co_residency(m, n, k, batch):
+    """Forced, without a known capacity: any grid (clusters wait for SMs in waves), at most a
+    portable cluster of splits, every split with a k-block."""
+    p = Problem(m, n, k, batch, "bfloat16")
+    c = heuristics.choose(p, H100_SXM, "split_k_cluster")
+    assert c.schedule is SplitKClusterSchedule
+    k_blocks = -(-k // 64)
+    assert 1 <= c.splits <= min(MAX_CLUSTER_SPLITS, k_blocks)
+    assert (c.splits >= 2) == (k_blocks >= 2)
+    count = min(batch, 65535)
+    tiles = -(-m // 128) * -(-n // 128)
+    assert SplitKClusterSchedule.grid(p, c.config, count, 132, c.splits) == (tiles, c.splits,
+                                                                              count)
+    assert SplitKClusterSchedule.launch_cluster(c.splits) == (1, c.splits, 1)
+
+
+def test_cluster_grid_rejects_more_splits_than_a_cluster_holds():
+    p = Problem(256, 256, 65536, 1, "bfloat16")
+    cfg = heuristics.choose(p, H100_SXM, "split_k_cluster").config
+    assert SplitKClusterSchedule.max_splits(p, cfg, 1, 132) == MAX_CLUSTER_SPLITS
+    with pytest.raises(ValueError, match="at most 8 CTAs"):
+        SplitKClusterSchedule.grid(p, cfg, 1, 132, 9)
+    short = Problem(256, 256, 100, 1, "bfloat16")   # 2 k-blocks
+    assert SplitKClusterSchedule.max_splits(short, cfg, 1, 132) == 2
+    # the serial schedule keeps its launch without a cluster shape
+    assert SplitKSchedule.launch_cluster(4) == (1, 1, 1)
+    assert SplitKClusterSchedule.c_box_rows == 8 and not SplitKClusterSchedule.workspace
+
+
 def test_split_k_workspace_and_smem_plan():
     p = Problem(1000, 1023, 4097, 3, "bfloat16")
     cfg = heuristics.choose(p, H100_SXM, "split_k").config

@@ -36,11 +36,14 @@ def test_sass(compiled):
     tool = sass.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    _, _, kernel = compiled
+    sched, _, kernel = compiled
     s = sass.summarize(kernel.cubin_path, tool)
     assert s.arch == "sm_90a"
     assert s.counts["hgmma"] > 0 and s.counts["tma_load"] > 0 and s.counts["tma_store"] > 0
-    assert s.counts["stmatrix"] > 0 and s.counts["setmaxnreg"] == 2
+    # split_k_cluster stages rows it added up from the peers' partials (st.shared), not
+    # accumulator fragments.
+    assert (s.counts["stmatrix"] > 0) != sched.cluster_at_launch
+    assert s.counts["setmaxnreg"] == 2
     assert s.counts["local_memory"] == 0
 
 
@@ -74,8 +77,9 @@ def test_global_access_check_sees_an_early_load():
 def test_cluster_sass(compiled):
     """A cluster kernel multicasts its shared operand (UTMALDG.MULTICAST), arrives on its
     peer's empty barriers and meets its peer at two cluster barriers (after the mbarrier init,
-    before exit); the other kernels do none of that."""
-    from hopmm.report import CLUSTER_BARRIERS, cluster_problems
+    before exit); split_k_cluster meets its peers at two barriers from each warpgroup's code
+    and does neither of the others; the other kernels do none of that."""
+    from hopmm.report import CLUSTER_BARRIERS, LAUNCH_CLUSTER_BARRIERS, cluster_problems
 
     tool = sass.find_cuobjdump()
     if tool is None:
@@ -88,6 +92,12 @@ def test_cluster_sass(compiled):
         assert s.counts["cluster_barrier"] == 2 * CLUSTER_BARRIERS
         # A is still loaded by each CTA on its own.
         assert s.counts["tma_load"] > s.counts["tma_multicast"]
+    if sched.cluster_at_launch:
+        # The producer's and the consumers' arrives and waits, inlined apart.
+        assert s.counts["cluster_barrier"] >= 2 * 2 * LAUNCH_CLUSTER_BARRIERS
+        assert s.counts["tma_multicast"] == 0 and s.counts["remote_arrive"] == 0
+    elif sched.cluster_size == 1:
+        assert s.counts["cluster_barrier"] == 0
 
 
 def test_pipeline_structure(compiled):
@@ -108,6 +118,28 @@ def test_pipeline_structure(compiled):
         return i - body.rindex("\n", 0, i) - 1
 
     assert indent(fence) == indent(stage), "the fence must not sit under a predicate"
+
+
+def test_cluster_reduction_structure():
+    """split_k_cluster: the partial is staged before the release arrive that publishes it
+    (the only cluster-scope release), the peers are read after the wait; seed 004: the fence
+    before the TMA store runs in every thread, unconditionally, before the barrier."""
+    from hopmm.schedules import SplitKClusterSchedule as Sched
+
+    cfg = Sched.configs(H100_SXM.smem_per_block_optin)[0]
+    src = Sched.render(cfg).source
+    body = src[src.index("static void store(", src.index("struct SplitKClusterEpilogue")):]
+    body = body[:body.index("static void finish(")]
+    order = [body.index(x) for x in ("Partial::stage(", "cluster_arrive();", "cluster_wait();",
+                                     "reduce_group(", "cluster_arrive_relaxed();",
+                                     "fence_proxy_async_smem();", "named_barrier_sync(",
+                                     "tma_store_3d(")]
+    assert order == sorted(order)
+    assert body.count("cluster_arrive();") == 1
+    fence = body.index("fence_proxy_async_smem();")
+    line_start = body.rindex("\n", 0, fence) + 1
+    assert body[line_start:fence].strip() == "", "the fence must not sit under a predicate"
+    assert body[line_start:fence] == " " * 8, "the fence sits at the function's top level"
 
 
 def test_rendered_source_names_snippet_hashes():

@@ -176,6 +176,8 @@ ENUMS = [
     ("cudaError_enum", "CUDA_ERROR_INVALID_CONTEXT", 201, "CUDA_ERROR_INVALID_CONTEXT"),
     ("CUlaunchAttributeID_enum", "CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION", 6,
      "LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION"),
+    ("CUlaunchAttributeID_enum", "CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION", 4,
+     "LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION"),
 ]
 ENUM_IDS = [member for _, member, _, _ in ENUMS]
 
@@ -483,7 +485,11 @@ def make_launch(**kw):
     (dict(map_templates=[GOOD_TEMPLATE[:6]]), "7 fields"),
     (dict(ints=list(range(17))), "ints"),
     (dict(map_templates=[(9, (64, 64, 1), (128,), (64, 64, 1), 3, 2, 0)]), "strides_bytes"),
-], ids=["grid", "too_many_maps", "short_template", "too_many_ints", "strides_rank"])
+    (dict(cluster=(1, 2)), "cluster: 3 ints"),
+    (dict(grid=(4, 3, 1), cluster=(1, 2, 1)), "divide the grid"),
+    (dict(grid=(4, 4, 1), cluster=(1, 0, 1)), "positive"),
+], ids=["grid", "too_many_maps", "short_template", "too_many_ints", "strides_rank",
+        "cluster_rank", "cluster_not_dividing", "cluster_zero"])
 def test_kernel_launch_rejects_bad_construction(kw, match):
     with pytest.raises(ValueError, match=match):
         make_launch(**kw)
@@ -494,6 +500,20 @@ def test_kernel_launch_takes_the_programmatic_flag():
     for programmatic in (False, True):
         with pytest.raises(ValueError, match="one base address per tensor map"):
             make_launch(programmatic=programmatic).launch(0)
+
+
+def test_kernel_launch_takes_a_cluster_shape_dividing_its_grid():
+    """split_k_cluster's launch: clusters of 1 x splits x 1 over a grid of splits rows;
+    addresses are checked before the driver is asked for anything."""
+    launch = make_launch(grid=(16, 8, 3), cluster=(1, 8, 1), programmatic=True)
+    with pytest.raises(ValueError, match="one base address per tensor map"):
+        launch.launch(0)
+
+
+@pytest.mark.skipif(_tensormap.driver_available(), reason="a CUDA driver is present")
+def test_max_active_clusters_without_driver_names_the_driver():
+    with pytest.raises(RuntimeError, match="driver"):
+        _tensormap.max_active_clusters(0, 384, 0, 2)
 
 
 def test_kernel_launch_needs_one_address_per_map():

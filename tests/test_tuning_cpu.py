@@ -90,7 +90,7 @@ def test_entry_of_an_unknown_schedule_is_ignored(capsys):
 def test_candidates_cover_schedules_widths_and_groups():
     cands = tuning.candidates(PROBLEM, H100_SXM)
     names = {tuning.label(c) for c in cands}
-    # pingpong: 128 only; split_k: none here, its co-residency bound leaves no room to split.
+    # pingpong: 128 only; split-K: none here, 1024 tiles leave no SM idle.
     shapes = sum(len(s.tile_shapes()) for s in SCHEDULES.values() if not s.split_k)
     assert len(names) == len(cands) == shapes * len(tuning.RASTER_GROUPS)
     assert {(c.schedule.name, c.config.block_m, c.config.block_n) for c in cands} >= {
@@ -123,3 +123,18 @@ def test_table_of_the_wrong_shape_is_ignored(capsys):
 def test_autotune_rejects_bad_arguments_before_any_gpu_work(shapes, dtype):
     with pytest.raises(ValueError, match="autotune"):
         tuning.autotune(shapes, dtype)
+
+
+def test_split_candidates_where_tiles_leave_sms_idle():
+    """512 x 512 x 16384 (16 tiles, 256 k-blocks): split_k within its co-residency bound (8
+    splits of 16 tiles fill 128 SMs), split_k_cluster up to a cluster of 8; each count with
+    every raster group."""
+    p = Problem(512, 512, 16384, 1, "bfloat16", "k", "n")
+    cands = tuning.candidates(p, H100_SXM)
+    splits = {name: sorted({c.splits for c in cands if c.schedule.name == name})
+              for name in ("split_k", "split_k_cluster")}
+    assert splits == {"split_k": [2, 4, 8], "split_k_cluster": [2, 4, 8]}
+    assert all(c.splits == 1 for c in cands if not c.schedule.split_k)
+    labels = [tuning.label(c) for c in cands if c.schedule.name == "split_k_cluster"]
+    assert len(labels) == len(set(labels)) and "split_k_cluster 128x128 s5 g4 k8" in labels
+

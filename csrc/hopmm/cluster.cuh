@@ -14,6 +14,13 @@ __device__ __forceinline__ u32 cluster_ctarank() {
     return rank;
 }
 
+// CTAs in this CTA's cluster (the cluster shape given at launch, or __cluster_dims__).
+__device__ __forceinline__ u32 cluster_nctarank() {
+    u32 count;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(count));
+    return count;
+}
+
 // Index of this CTA's cluster along x, and the number of clusters along x in the grid.
 __device__ __forceinline__ int cluster_id_x() {
     u32 id;
@@ -29,12 +36,30 @@ __device__ __forceinline__ int cluster_count_x() {
 
 // ---- cluster barrier (PTX ISA 9.7.13.4) --------------------------------------------------
 
-// Every thread of every CTA of the cluster meets here. The arrive releases this thread's
-// earlier memory operations (mbarrier inits, remote arrives) and the wait acquires the
-// peers'. Not `.aligned`: warps may reach it diverged (the producer's elected thread).
+// The two halves of the cluster barrier, which every thread of every CTA of the cluster
+// executes in turn. The arrive releases this thread's earlier memory operations (mbarrier
+// inits, remote arrives, shared-memory writes and remote reads) and the wait, which returns
+// once every thread of the cluster has arrived, acquires the peers'. Work placed between the
+// two overlaps the wait. Not `.aligned`: warps may reach them diverged (the producer's elected
+// thread).
+__device__ __forceinline__ void cluster_arrive() {
+    asm volatile("barrier.cluster.arrive.release;" ::: "memory");
+}
+
+// An arrive that releases nothing, for threads whose earlier memory operations no peer reads
+// after the barrier: `.release` costs a GPU-wide MEMBAR (MEMBAR.ALL.GPU in the SASS).
+__device__ __forceinline__ void cluster_arrive_relaxed() {
+    asm volatile("barrier.cluster.arrive.relaxed;" ::: "memory");
+}
+
+__device__ __forceinline__ void cluster_wait() {
+    asm volatile("barrier.cluster.wait.acquire;" ::: "memory");
+}
+
+// Every thread of every CTA of the cluster meets here.
 __device__ __forceinline__ void cluster_sync() {
-    asm volatile("barrier.cluster.arrive.release;\n"
-                 "barrier.cluster.wait.acquire;" ::: "memory");
+    cluster_arrive();
+    cluster_wait();
 }
 
 // ---- distributed shared memory and remote mbarriers --------------------------------------
@@ -53,6 +78,15 @@ __device__ __forceinline__ u32 mapa_shared(u32 local, u32 rank) {
 __device__ __forceinline__ void mbar_arrive_cluster(u32 cluster_bar) {
     asm volatile("mbarrier.arrive.relaxed.cluster.shared::cluster.b64 _, [%0];"
                  ::"r"(cluster_bar) : "memory");
+}
+
+// Four floats from shared memory of any CTA of the cluster (a shared::cluster address from
+// mapa_shared; this CTA's own included).
+__device__ __forceinline__ float4 ld_shared_cluster_f32x4(u32 cluster_addr) {
+    float4 v;
+    asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "r"(cluster_addr) : "memory");
+    return v;
 }
 
 // ---- TMA multicast (PTX ISA 9.7.9.25.5.3) ------------------------------------------------

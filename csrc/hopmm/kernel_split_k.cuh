@@ -1,10 +1,8 @@
 // Kernel skeleton: split-K, warp-specialized, one (tile, k-slice) per CTA. Grid (tiles, splits,
 // batch): blockIdx.x is the linear tile index (the raster's order), blockIdx.y the split,
-// blockIdx.z the batch slot of this launch. Split s multiplies k-blocks
-// [s * q + min(s, r), ...) of the tile, q = blocks / splits, r = blocks % splits (the first r
-// splits take one more); the host keeps splits <= blocks, so no split is empty. The partials
-// are combined by SplitKEpilogue in split order (split_k_reduce.cuh); with gridDim.y == 1 this
-// is the plain one-tile-per-CTA kernel.
+// blockIdx.z the batch slot of this launch. Split s multiplies the k-blocks k_slice gives it
+// (k_slice.cuh). The partials are combined by SplitKEpilogue in split order
+// (split_k_reduce.cuh); with gridDim.y == 1 this is the plain one-tile-per-CTA kernel.
 //
 // Co-residency (why waiting on another CTA cannot deadlock): split s waits only for split
 // s - 1 of the same tile and batch slot, which has the same blockIdx.x and .z and a smaller
@@ -18,6 +16,7 @@
 #pragma once
 #include "tile_config.cuh"
 #include "tile_raster.cuh"
+#include "k_slice.cuh"
 #include "split_k_reduce.cuh"
 
 namespace hopmm {
@@ -37,26 +36,22 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
 
     const TileCoord tile = raster.block_tile(batch_offset);
     const int m0 = tile.m_tile * S::kBlockM, n0 = tile.n_tile * S::kBlockN, z = tile.z;
-    const int k_blocks = S::k_blocks(k);
-    const int per_split = k_blocks / gridDim.y, extra = k_blocks % gridDim.y;
-    const int split = blockIdx.y;
-    const int first_k_block = split * per_split + min(split, extra);
-    const int num_k_blocks = per_split + (split < extra ? 1 : 0);
+    const KSlice slice = k_slice(S::k_blocks(k), gridDim.y, blockIdx.y);
     int ring = 0;
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
             if (gridDim.y > 1) tma_prefetch_map(map_w);
-            Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), num_k_blocks,
-                                ring, first_k_block);
+            Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), slice.count,
+                                ring, slice.first);
             grid_launch_dependents();  // the last load is issued
         }
     } else {
         setmaxnreg_inc<S::kConsumerRegs>();
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
-        consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
+        consumer_state.mainloop(smem, consumer, slice.count, ring, thread == 0);
         const SplitKWorkspace ws{map_w, workspace, semaphores, raster.tiles_n * S::kBlockN,
                                  raster.tiles_m * S::kBlockM};
         Epilogue::store(consumer_state.acc, map_c, smem, ws, consumer, thread,

@@ -26,6 +26,7 @@
 //            (before the warpgroup's generic loads of the workspace, which bypass L1).
 #pragma once
 #include "epilogue_tma_store.cuh"
+#include "partial_f32.cuh"
 
 namespace hopmm {
 
@@ -65,10 +66,6 @@ __device__ __forceinline__ void ld_global_cg_f32x2(const float* p, float& x, flo
     asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "l"(p) : "memory");
 }
 
-__device__ __forceinline__ void st_shared_f32x2(u32 addr, float x, float y) {
-    asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
-}
-
 // Polls until *sem == value (acquire, gpu scope). Backoff doubles up to kMaxSleepNs, small
 // enough that the hand-off latency stays well under the time of one bulk reduce.
 __device__ __forceinline__ void semaphore_wait(const u32* sem, u32 value) {
@@ -97,33 +94,9 @@ template <class Cfg>
 struct SplitKEpilogue {
     typedef TileShape<Cfg> S;
     typedef TmaStoreEpilogue<Cfg> Store;
+    typedef PartialF32<Cfg> Partial;
     static_assert(Cfg::kSplitK, "the fp32 staging tile is sized by Cfg::kSplitK");
     static_assert(!Cfg::kOverlapStore, "one tile per CTA: the staging tile is written once");
-
-    // Accumulator register i of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2), column
-    // 8*(i/4) + 2*(t%4) + i%2; pairs (i, i+1), i even, are adjacent columns.
-    __device__ __forceinline__ static int acc_row(int thread, int i) {
-        return 16 * (thread / 32) + (thread % 32) / 4 + 8 * ((i / 2) % 2);
-    }
-    __device__ __forceinline__ static int acc_col(int thread, int i) {
-        return 8 * (i / 4) + 2 * (thread % 4);
-    }
-
-    // The warpgroup's 64 x kBlockN fp32 partial into SWIZZLE_128B boxes of 32 columns: the
-    // 16-byte chunk q of row r sits at chunk q ^ (r % 8), so the 8 rows of one 64-bit store
-    // instruction spread over all banks (two wavefronts, the minimum for 256 bytes).
-    template <int NREG>
-    __device__ __forceinline__ static void stage_f32(const float (&acc)[NREG], u32 tile,
-                                                     int thread) {
-#pragma unroll
-        for (int i = 0; i < NREG; i += 2) {
-            const int row = acc_row(thread, i), col = acc_col(thread, i);
-            const int box = col / S::kF32BoxElems, in_box = col % S::kF32BoxElems;
-            const u32 addr = tile + box * S::kF32BoxBytes + row * kSwizzleBytes +
-                             (((in_box / 4) ^ (row % 8)) * 16) + (in_box % 4) * 4;
-            st_shared_f32x2(addr, acc[i], acc[i + 1]);
-        }
-    }
 
     template <int ROW_BLOCKS, int NREG>
     __device__ __forceinline__ static void store(float (&blocks)[ROW_BLOCKS][NREG],
@@ -144,7 +117,7 @@ struct SplitKEpilogue {
         // launch's batch index), so row0 / n0 address it directly.
         if (split < splits - 1) {
             unsigned char* tile = smem.c_tile(consumer);
-            stage_f32(acc, smem_addr(tile), thread);
+            Partial::stage(acc, smem_addr(tile), thread);
             // Seed 004: every writing thread fences its generic writes for the async proxy,
             // unconditionally, before the barrier.
             fence_proxy_async_smem();
@@ -173,8 +146,9 @@ struct SplitKEpilogue {
 #pragma unroll
             for (int i = 0; i < NREG; i += 2) {
                 float x, y;
-                ld_global_cg_f32x2(base + static_cast<size_t>(row0 + acc_row(thread, i)) * ws.row_pitch +
-                                       n0 + acc_col(thread, i), x, y);
+                ld_global_cg_f32x2(base + static_cast<size_t>(row0 + Partial::acc_row(thread, i)) *
+                                              ws.row_pitch + n0 + Partial::acc_col(thread, i),
+                                   x, y);
                 // workspace (splits 0..S-2 in order) + this split: the last addition.
                 acc[i] = x + acc[i];
                 acc[i + 1] = y + acc[i + 1];

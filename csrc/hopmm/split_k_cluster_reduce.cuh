@@ -1,0 +1,151 @@
+// Split-K reduced inside a thread-block cluster (seed 001's ordered reduction, without a
+// workspace or a semaphore): the `splits` CTAs that share an output tile form one cluster
+// (shape 1 x splits x 1 over a grid of splits rows, given at launch, so that cluster rank =
+// blockIdx.y = split; store() traps on any other shape), which the
+// hardware schedules all at once, so they may wait for one another. Each consumer warpgroup:
+//   1. stages its 64 x kBlockN fp32 partial in its own CTA's shared memory (PartialF32);
+//   2. cluster barrier: every split's partial is written and visible cluster-wide;
+//   3. reduces its share of its 64 rows, the 8-row groups g = rank, rank + splits, ...: reads
+//      each group from every split's partial through distributed shared memory, adds the
+//      partials in split order ((p0 + p1) + p2) + ..., converts to 16 bits and stages the rows
+//      in SWIZZLE_128B boxes of 64 columns x 8 rows in the CTA's operand ring (which every
+//      main loop of the CTA has finished with: they all came to the barrier of step 2);
+//   4. arrives on the cluster barrier (its reads of the peers are done), TMA-stores its groups
+//      (the C map's boxes are 64 columns x 8 rows) and, in finish(), waits on that barrier:
+//      no CTA exits while a peer may still read its shared memory.
+// The fp32 additions are the serial split-K epilogue's, in the same order, so results are
+// bitwise those of split_k with as many splits, and identical from run to run. The reduction
+// is spread over the splits' SMs, each reading (splits - 1) / splits of a partial from its
+// peers, instead of a chain of hand-offs through L2 (bench/NOTES.md v0.12).
+#pragma once
+#include "epilogue_tma_store.cuh"
+#include "partial_f32.cuh"
+
+namespace hopmm {
+
+// The most CTAs in a portable cluster: the most splits this epilogue reduces.
+constexpr int kMaxClusterSplits = 8;
+
+__device__ __forceinline__ void st_shared_u32x2(u32 addr, u32 x, u32 y) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(x), "r"(y) : "memory");
+}
+
+template <class Cfg>
+struct SplitKClusterEpilogue {
+    typedef TileShape<Cfg> S;
+    typedef PartialF32<Cfg> Partial;
+    static_assert(Cfg::kSplitK, "the fp32 partial is sized by Cfg::kSplitK");
+    static_assert(!Cfg::kOverlapStore, "one tile per CTA: the partial is written once");
+
+    // Rows of one reduced group and of one TMA store box: one 128-byte swizzle period of
+    // 16-bit rows (1024 bytes a box), so a box of any group starts on the swizzle pattern.
+    static constexpr int kGroupRows = 8;
+    static constexpr int kGroups = S::kWgmmaM / kGroupRows;  // of a consumer's 64 rows
+    static constexpr int kBoxesPerGroup = S::kBlockN / kTmaBoxElems;
+    static constexpr u32 kBoxBytes = kGroupRows * kSwizzleBytes;
+    static constexpr u32 kGroupBytes = kBoxesPerGroup * kBoxBytes;
+    // A consumer stages at most all of its groups (one split: it owns them all).
+    static constexpr u32 kOutBytesPerConsumer = kGroups * kGroupBytes;
+    static_assert(S::kConsumers * kOutBytesPerConsumer <= S::kStages * S::kStageBytes,
+                  "the 16-bit result is staged in the operand ring");
+    static constexpr int kChunksPerGroup = kGroupRows * Partial::kChunksPerRow;
+    static_assert(kChunksPerGroup % kWarpgroupThreads == 0, "a group's chunks deal out evenly");
+    static constexpr int kChunksPerThread = kChunksPerGroup / kWarpgroupThreads;
+
+    // Group `group` of the consumer's rows: the sum over the splits' partials (each at the
+    // shared::cta address `partial` of its CTA), in split order, as 16-bit values into the
+    // staging boxes at `out`. Thread t takes 16-byte chunks t, t + 128, ... of the group, row
+    // by row: a warp reads one row's 512 bytes of a partial and writes its 256 bytes of result.
+    __device__ __forceinline__ static void reduce_group(u32 partial, u32 out, int group,
+                                                        int splits, int thread) {
+#pragma unroll
+        for (int j = 0; j < kChunksPerThread; ++j) {
+            const int chunk = thread + j * kWarpgroupThreads;
+            const int row = chunk / Partial::kChunksPerRow;  // in the group
+            const int col = (chunk % Partial::kChunksPerRow) * Partial::kChunkFloats;
+            const u32 local = partial + Partial::offset(group * kGroupRows + row, col);
+            float4 p[kMaxClusterSplits];
+#pragma unroll
+            for (int s = 0; s < kMaxClusterSplits; ++s)  // all loads in flight at once
+                if (s < splits) p[s] = ld_shared_cluster_f32x4(mapa_shared(local, s));
+            float4 sum = p[0];
+#pragma unroll
+            for (int s = 1; s < kMaxClusterSplits; ++s) {
+                if (s < splits) {
+                    sum.x += p[s].x;
+                    sum.y += p[s].y;
+                    sum.z += p[s].z;
+                    sum.w += p[s].w;
+                }
+            }
+            // Four 16-bit results: half of a 16-byte chunk of a 64-column box row.
+            const int box = col / kTmaBoxElems, in_box = col % kTmaBoxElems;
+            constexpr int kElemsPerChunk = 16 / kElemBytes;
+            const u32 addr = out + box * kBoxBytes + row * kSwizzleBytes +
+                             (((in_box / kElemsPerChunk) ^ row) * 16) +
+                             (in_box % kElemsPerChunk) * kElemBytes;
+            st_shared_u32x2(addr, TmaStoreEpilogue<Cfg>::pack(sum.x, sum.y),
+                            TmaStoreEpilogue<Cfg>::pack(sum.z, sum.w));
+        }
+    }
+
+    template <int ROW_BLOCKS, int NREG>
+    __device__ __forceinline__ static void store(float (&blocks)[ROW_BLOCKS][NREG],
+                                                 const TensorMap* map_c,
+                                                 const SharedStorage<Cfg>& smem, int consumer,
+                                                 int thread, int row0, int n0, int z) {
+        static_assert(ROW_BLOCKS == 1, "split-K consumers share each tile, 64 rows each");
+        const int splits = static_cast<int>(cluster_nctarank());
+        const int rank = static_cast<int>(cluster_ctarank());
+        // The host launches clusters of 1 x gridDim.y x 1, at most kMaxClusterSplits
+        // (SplitKClusterSchedule): the cluster is exactly the splits of this tile, and the rank
+        // is the split whose k-slice this CTA computed. Anything else would reduce wrong.
+        if (splits > kMaxClusterSplits || splits != static_cast<int>(gridDim.y) ||
+            rank != static_cast<int>(blockIdx.y))
+            __trap();
+        const u32 partial = smem_addr(smem.c_tile(consumer));
+        Partial::stage(blocks[0], partial, thread);
+        cluster_arrive();
+        cluster_wait();  // every split's partial is in place
+
+        unsigned char* out = smem.a_tile(0) + consumer * kOutBytesPerConsumer;
+        int groups = 0;
+        for (int g = rank; g < kGroups; g += splits, ++groups)
+            reduce_group(partial, smem_addr(out + groups * kGroupBytes), g, splits, thread);
+        // Done reading the peers' partials (their values are in this CTA's staging boxes, so
+        // the loads have completed): nothing to release. finish() waits.
+        cluster_arrive_relaxed();
+
+        // Seed 004: every writing thread fences, unconditionally, before the barrier.
+        fence_proxy_async_smem();
+        named_barrier_sync(kBarrierEpilogueBase + consumer, kWarpgroupThreads);
+        if (thread == 0) {
+            for (int i = 0; i < groups; ++i) {
+                const int row = row0 + (rank + i * splits) * kGroupRows;
+#pragma unroll
+                for (int box = 0; box < kBoxesPerGroup; ++box)
+                    tma_store_3d(map_c, out + i * kGroupBytes + box * kBoxBytes,
+                                 n0 + box * kTmaBoxElems, row, z);
+            }
+            bulk_commit_group();
+        }
+    }
+
+    // Before a consumer's threads exit: the stores are complete, and every peer is done
+    // reading this CTA's partials.
+    __device__ __forceinline__ static void finish(int thread) {
+        if (thread == 0) bulk_wait_group_0();
+        cluster_wait();
+    }
+
+    // The producer warpgroup's part: every thread of the cluster takes part in both barriers.
+    // The producer wrote nothing a peer reads (its TMA loads land in this CTA only).
+    __device__ __forceinline__ static void producer_join() {
+        cluster_arrive_relaxed();
+        cluster_wait();
+        cluster_arrive_relaxed();
+        cluster_wait();
+    }
+};
+
+}  // namespace hopmm
