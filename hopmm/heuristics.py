@@ -49,9 +49,13 @@ SPLIT_K_HANDOFF_US = 3.7
 # and the grid runs in waves of the clusters the device holds at once (cluster_capacity):
 #   time(s) = max(waves * ceil(k_blocks / s) * KBLOCK_US,  DRAM term,  L2 term)
 #             + waves * CLUSTER_REDUCE_US
-# CLUSTER_REDUCE_US is a prediction, not yet a measurement: two cluster barriers and, per
-# CTA, 64 KB of partials read from the peers' shared memory and 32 KB of 16-bit rows stored
-# (bench/NOTES.md v0.13).
+# CLUSTER_REDUCE_US was predicted (two cluster barriers; per CTA up to 64 KB of partials read
+# from the peers' shared memory and 32 KB of 16-bit rows stored) and then checked on an H100
+# (bench/NOTES.md v0.13, capacity 132/66/39/30/22/17/15/15 clusters of 1..8): with it the model
+# picks the fastest of 2-9 splits of either schedule on 512 x 512 x 16384 (6 in clusters),
+# 256 x 256 x 65536 (8), 512 x 1024 x 8192 (3), 1024 x 1024 x 4096 (2) and 128 x 4096 x 16384
+# (2, level with split_k). Its absolute times run low (the main loop slows as more CTAs
+# stream operands), which the ranking has not needed.
 SPLIT_K_CLUSTER_REDUCE_US = 2.0
 # Taken only when the model predicts at least this gain over one split.
 SPLIT_K_MIN_GAIN = 1.1

@@ -197,15 +197,25 @@ from dataclasses import replace  # noqa: E402
 
 from hopmm.schedules import MAX_CLUSTER_SPLITS, SplitKClusterSchedule  # noqa: E402
 
-# An H100 that reports its cluster capacity: 66 clusters of two and 30 of four were read on one
-# (bench/NOTES.md v0.8); the other sizes here are placeholders with the same GPC arithmetic.
-H100_CLUSTERS = replace(H100_SXM, cluster_capacity=(132, 66, 42, 30, 24, 20, 18, 15))
+# An H100 SXM as it reports its cluster capacity (cuOccupancyMaxActiveClusters, bench/NOTES.md
+# v0.13): 15 clusters of 7 or 8 CTAs, 17 of 6.
+H100_CLUSTERS = replace(H100_SXM, cluster_capacity=(132, 66, 39, 30, 22, 17, 15, 15))
 
 
 def test_unknown_cluster_capacity_keeps_the_serial_split_k():
     # H100_SXM reports none: the model cannot tell the cluster kernel's waves.
     assert H100_SXM.clusters_at_once(2) is None
     assert all(choose(m, n, k).schedule is SplitKSchedule for m, n, k in TARGETS)
+
+
+@pytest.mark.parametrize("m,n,k,splits", [
+    (512, 512, 16384, 6), (256, 256, 65536, 8), (512, 1024, 8192, 3), (1024, 1024, 4096, 2),
+    (128, 4096, 16384, 2)])
+def test_known_capacity_takes_the_fastest_measured(m, n, k, splits):
+    """bench/NOTES.md v0.13: the fastest of 2-9 splits on either split-K schedule (on
+    128 x 4096 x 16384 the two schedules ran level on 2)."""
+    c = choose(m, n, k, device=H100_CLUSTERS)
+    assert (c.schedule, c.splits) == (SplitKClusterSchedule, splits)
 
 
 @pytest.mark.parametrize("m,n,k", TARGETS)
