@@ -18,7 +18,6 @@ template <class Cfg>
 struct PartialF32 {
     typedef TileShape<Cfg> S;
     static constexpr int kChunkFloats = 4;  // one 16-byte chunk
-    static constexpr int kChunksPerBox = S::kF32BoxElems / kChunkFloats;
     static constexpr int kChunksPerRow = S::kBlockN / kChunkFloats;
 
     // Accumulator register i of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2), column

@@ -1,8 +1,8 @@
 // Split-K reduced inside a thread-block cluster (seed 001's ordered reduction, without a
 // workspace or a semaphore): the `splits` CTAs that share an output tile form one cluster
 // (shape 1 x splits x 1 over a grid of splits rows, given at launch, so that cluster rank =
-// blockIdx.y = split; store() traps on any other shape), which the
-// hardware schedules all at once, so they may wait for one another. Each consumer warpgroup:
+// blockIdx.y = split; store() traps on any other shape), which the hardware schedules all at
+// once, so they may wait for one another. Each consumer warpgroup:
 //   1. stages its 64 x kBlockN fp32 partial in its own CTA's shared memory (PartialF32);
 //   2. cluster barrier: every split's partial is written and visible cluster-wide;
 //   3. reduces its share of its 64 rows, the 8-row groups g = rank, rank + splits, ...: reads
