@@ -275,8 +275,8 @@ def explain(a, b, out=None) -> str:
             lines.insert(-1, f"cluster: {c.schedule.cluster_size} CTAs on adjacent M tiles; "
                              f"each loads its A tile and 1/{c.schedule.cluster_size} of the "
                              f"shared B tile, multicast to all of them")
-        elif c.schedule.launch_cluster(c.splits) != (1, 1, 1):
-            lines.insert(-1, f"cluster: {c.schedule.launch_cluster(c.splits)} at launch, the "
+        elif (shape := c.schedule.launch_cluster(c.splits)) != (1, 1, 1):
+            lines.insert(-1, f"cluster: {shape} at launch, the "
                              f"{c.splits} splits of one tile; each adds its share of the tile's "
                              f"rows from every split's partial through distributed shared "
                              f"memory")

@@ -206,19 +206,25 @@ def _one_split_us(problem: Problem, cfg: KernelConfig) -> float:
                                SplitKSchedule.stage_bytes(cfg), operands)
 
 
+def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
+                forced: bool) -> tuple[int, float | None]:
+    """(splits, predicted us) of split_count; no prediction for 1 split."""
+    estimates = _split_estimates(sched, problem, cfg, device, forced)
+    if not estimates:
+        return 1, None
+    best = min(estimates, key=lambda s: (estimates[s], s))
+    if forced or _one_split_us(problem, cfg) / estimates[best] >= SPLIT_K_MIN_GAIN:
+        return best, estimates[best]
+    return 1, None
+
+
 def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
                 forced: bool = False, sched=SplitKSchedule) -> int:
     """Splits for `sched` (split_k or split_k_cluster): the model's best count
     (_split_estimates); 1 when splitting does not pay by SPLIT_K_MIN_GAIN. Forced
     (use_schedule), the best count of at least 2 wherever the bound allows 2, so that the
     reduction runs."""
-    estimates = _split_estimates(sched, problem, cfg, device, forced)
-    if not estimates:
-        return 1
-    best = min(estimates, key=lambda s: (estimates[s], s))
-    if forced:
-        return best
-    return best if _one_split_us(problem, cfg) / estimates[best] >= SPLIT_K_MIN_GAIN else 1
+    return _best_split(sched, problem, cfg, device, forced)[0]
 
 
 def _split_k_choice(problem: Problem, device: DeviceInfo,
@@ -232,10 +238,9 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     picks = []
     for sched in SPLIT_K_SCHEDULES:
         if forced in (None, sched.name):
-            splits = split_count(problem, cfg, device, forced is not None, sched)
+            splits, estimate = _best_split(sched, problem, cfg, device, forced is not None)
             if forced or splits >= 2:
-                estimates = _split_estimates(sched, problem, cfg, device, forced is not None)
-                picks.append((estimates.get(splits, 0.0), sched, splits))
+                picks.append((estimate or 0.0, sched, splits))
     if not picks:
         return None
     estimate, sched, splits = min(picks, key=lambda p: p[0])

@@ -55,7 +55,8 @@ def cluster_problems(schedule, summary: sass.SassSummary) -> list[str]:
     c = summary.counts
     if schedule.cluster_at_launch:
         used = [name for name in ("tma_multicast", "remote_arrive") if c[name]]
-        out = [f"multicast or remote arrives in a split-K cluster: {', '.join(used)}"] if used else []
+        out = ([f"multicast or remote arrives in a split-K cluster: {', '.join(used)}"]
+               if used else [])
         if c["cluster_barrier"] < 2 * LAUNCH_CLUSTER_BARRIERS:
             out.append(f"{c['cluster_barrier']} cluster barrier instructions: expected an arrive "
                        f"and a wait for each of {LAUNCH_CLUSTER_BARRIERS} cluster barriers")

@@ -61,8 +61,12 @@ def disassemble(cubin_path: Path, tool: str | None = None) -> str:
     tool = tool or find_cuobjdump()
     if tool is None:
         raise FileNotFoundError("cuobjdump not found: `pip install nvidia-cuda-cuobjdump`")
-    return subprocess.run([tool, "-sass", str(cubin_path)], check=True, capture_output=True,
-                          text=True).stdout
+    done = subprocess.run([tool, "-sass", str(cubin_path)], capture_output=True, text=True)
+    if done.returncode != 0:
+        hint = (" (`pip install nvidia-cuda-nvdisasm`: cuobjdump runs it)"
+                if "nvdisasm" in done.stderr else "")
+        raise RuntimeError(f"{tool} -sass {cubin_path} failed{hint}: {done.stderr.strip()}")
+    return done.stdout
 
 
 def global_access_before_dependency_wait(listing: str) -> list[str]:

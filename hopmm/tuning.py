@@ -161,8 +161,7 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
             batch_count = min(problem.batch, MAX_GRID_Z)
             if tiles_m * -(-problem.n // block_n) * batch_count >= device.sm_count:
                 continue
-            bound = sched.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z),
-                                     device.sm_count)
+            bound = sched.max_splits(problem, cfg, batch_count, device.sm_count)
             for splits in sorted({min(s, bound) for s in SPLIT_COUNTS
                                   if s <= SPLIT_K_MAX_SPLITS} - {1}):
                 out.extend(Choice(sched, cfg, "autotune candidate", g, splits) for g in groups)
