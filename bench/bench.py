@@ -31,7 +31,14 @@ Method (each choice was checked on an H100):
   * the GPU's state is read through NVML after every round: the SM clock,
     power draw and temperature the shape ran at (the MHz/W column).  Under
     sustained GEMM load an H100 sits at its power limit with the SM clock far
-    below its maximum, so the ratios are then ratios of work per joule.
+    below its maximum.
+  * sustained rounds (shapes of at least 2048^3 multiply-adds): each contestant
+    also runs alone for about half a second, in rotated order, three times; the
+    median gives the sust/best column.  In a 30 ms timing among the others a
+    kernel runs near the clock the mix's power draw sets, and a kernel that
+    draws more power per cycle than the others borrows from them; alone for
+    half a second it runs at the clock its own draw sets, as in a long run of
+    large GEMMs (bench/NOTES.md v0.14: the two ratios differed by up to 6 %).
 
 Output: <out>/bench-<date>-<device>.json (metadata + one row per shape and
 dtype), a PNG chart next to it, and an aligned table printed last.
@@ -83,6 +90,14 @@ MIN_INPUT_SETS = 2
 MAX_INPUT_SETS = 8
 ELEMENT_BYTES = 2  # fp16 and bf16
 
+# Sustained rounds (see the method above): seconds each contestant runs alone per round, the
+# rounds (rotated orders: every contestant takes every slot once), and the shapes that get them
+# (at least this many multiply-adds: 2048^3 and larger reach the power limit).
+SUSTAINED_S = 0.4
+QUICK_SUSTAINED_S = 0.25
+SUSTAINED_ROUNDS = 3
+SUSTAINED_MIN_MNK = 2048**3
+
 HOST_CALLS = 2000  # calls averaged for host_us
 HOST_US_MAX_MNK = 4 * 1024**3  # "small" shapes get host_us and enqueue_us: up to 512x512x16384
 # enqueue_us: batches of calls issued with the GPU idle at the start of each, few enough that no
@@ -105,7 +120,8 @@ REL_ERR_LIMITS = {"bf16": 1e-2, "fp16": 2e-3}
 
 CONTESTANTS = ("hopmm", "cupy", "torch")
 CUBLAS_CONTESTANTS = ("cupy", "torch")
-TABLE_TITLE = "=== hopmm bench: TFLOP/s = 2MNK / median time; ratio > 1 means hopmm is faster ==="
+TABLE_TITLE = ("=== hopmm bench: TFLOP/s = 2MNK / median time; ratio > 1 means hopmm is faster; "
+               "sust/best: each contestant alone for a sustained run ===")
 
 # chart look
 CHART_DPI = 120
@@ -254,7 +270,8 @@ def _gpu_state_cell(state) -> str:
 
 
 TABLE_COLUMNS = ("shape", "dtype", "hopmm TFLOP/s", "cupy TFLOP/s", "torch TFLOP/s",
-                 "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "enqueue_us", "MHz/W")
+                 "hopmm/cupy", "hopmm/best", "sust/best", "rel_err", "host_us", "enqueue_us",
+                 "MHz/W")
 
 
 def format_table(rows: list[dict]) -> str:
@@ -267,6 +284,7 @@ def format_table(rows: list[dict]) -> str:
         body.append((r["shape"], r["dtype"], _fmt(tf.get("hopmm"), ".1f"),
                      _fmt(tf.get("cupy"), ".1f"), _fmt(tf.get("torch"), ".1f"),
                      _fmt(r.get("hopmm_vs_cupy"), ".3f"), _fmt(r.get("hopmm_vs_best"), ".3f"),
+                     _fmt((r.get("sustained") or {}).get("hopmm_vs_best"), ".3f"),
                      _rel_err_cell(r), _fmt(host, ".1f"), _fmt(enqueue, ".1f"),
                      _gpu_state_cell(r.get("gpu_state"))))
     widths = [max(len(c) for c in col) for col in zip(TABLE_COLUMNS, *body)]
@@ -377,6 +395,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help=f"warm-up seconds per shape and dtype (default {DEFAULT_WARMUP_S}, quick {QUICK_WARMUP_S})")
     p.add_argument("--rounds", type=int, default=None,
                    help=f"timed rounds per shape and dtype (default {DEFAULT_ROUNDS}, quick {QUICK_ROUNDS})")
+    p.add_argument("--sustained-seconds", type=float, default=None,
+                   help=f"seconds each contestant runs alone per sustained round, on shapes of "
+                        f"at least 2048^3 (default {SUSTAINED_S}, quick {QUICK_SUSTAINED_S}; "
+                        f"0: none)")
     p.add_argument("--out", default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
     p.add_argument("--quick", action="store_true",
                    help="short shape list, short warm-up, fewer rounds")
@@ -388,8 +410,10 @@ def parse_args(argv=None) -> argparse.Namespace:
         args.seconds_per_shape = QUICK_WARMUP_S if args.quick else DEFAULT_WARMUP_S
     if args.rounds is None:
         args.rounds = QUICK_ROUNDS if args.quick else DEFAULT_ROUNDS
-    if args.rounds < 1 or args.seconds_per_shape < 0:
-        p.error("--rounds must be >= 1 and --seconds-per-shape >= 0")
+    if args.sustained_seconds is None:
+        args.sustained_seconds = QUICK_SUSTAINED_S if args.quick else SUSTAINED_S
+    if args.rounds < 1 or args.seconds_per_shape < 0 or args.sustained_seconds < 0:
+        p.error("--rounds must be >= 1, --seconds-per-shape and --sustained-seconds >= 0")
     return args
 
 
@@ -558,6 +582,25 @@ def warm_up(ctx: Context, contestants: list[Contestant], seconds: float) -> None
         r += 1
 
 
+def sustained_applies(shape, seconds: float) -> bool:
+    m, n, k = shape
+    return seconds > 0 and m * n * k >= SUSTAINED_MIN_MNK
+
+
+def sustained_rounds(ctx: Context, contestants: list[Contestant], per_launch_s: dict,
+                     shape, seconds: float) -> dict:
+    """Each contestant alone for about `seconds` of back-to-back launches (sized from its
+    median launch time `per_launch_s`), SUSTAINED_ROUNDS rotated rounds; the medians."""
+    runs = {c.name: [] for c in contestants}
+    for r in range(SUSTAINED_ROUNDS):
+        for c in rotated(contestants, r):
+            runs[c.name].append(time_contestant(ctx, c, max(1, round(seconds / per_launch_s[c.name]))))
+    tf = {name: tflops(*shape, statistics.median(ts)) for name, ts in runs.items()}
+    return {"seconds": seconds, "rounds": SUSTAINED_ROUNDS, "tflops": tf,
+            "per_launch_us": {name: [t * 1e6 for t in ts] for name, ts in runs.items()},
+            **speed_ratios(tf)}
+
+
 def host_overhead_us(ctx: Context, c: Contestant, calls: int = HOST_CALLS) -> float:
     """Wall-clock microseconds per call over back-to-back calls, until the GPU has finished
     them: the host's cost or the GPU's, whichever is larger (see enqueue_us)."""
@@ -610,7 +653,8 @@ def build_contestants(ctx: Context, sets: list[tuple], include_hopmm: bool) -> l
     return out
 
 
-def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int) -> dict:
+def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int,
+              sustained_s: float = 0.0) -> dict:
     m, n, k = shape
     cp = ctx.cupy
     row = error_row(shape, dtype, None)
@@ -660,6 +704,8 @@ def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int) -> 
                                "per_launch_us": [t * 1e6 for t in per_launch[c.name]]}
                       for c in contestants}
     row.update(speed_ratios(row["tflops"]))
+    if sustained_applies(shape, sustained_s):
+        row["sustained"] = sustained_rounds(ctx, contestants, medians, shape, sustained_s)
     if m * n * k <= HOST_US_MAX_MNK:
         row["host_us"] = {c.name: host_overhead_us(ctx, c) for c in contestants}
         row["enqueue_us"] = {c.name: enqueue_us(ctx, c) for c in contestants}
@@ -709,6 +755,9 @@ def collect_metadata(ctx: Context, args, argv) -> dict:
         "torch": getattr(torch, "__version__", None),
         "torch_note": ctx.torch_note,
         "settings": {"warmup_s": args.seconds_per_shape, "rounds": args.rounds,
+                     "sustained_s": args.sustained_seconds,
+                     "sustained_rounds": SUSTAINED_ROUNDS,
+                     "sustained_min_mnk": SUSTAINED_MIN_MNK,
                      "target_timing_s": TARGET_TIMING_S, "host_calls": HOST_CALLS,
                      "enqueue_calls": ENQUEUE_CALLS, "enqueue_batches": ENQUEUE_BATCHES,
                      "seed": SEED, "outputs": "preallocated, out="},
@@ -745,7 +794,8 @@ def main(argv=None) -> int:
         for dtype in args.dtypes:
             t0 = time.perf_counter()
             try:
-                row = run_shape(ctx, shape, dtype, args.seconds_per_shape, args.rounds)
+                row = run_shape(ctx, shape, dtype, args.seconds_per_shape, args.rounds,
+                                args.sustained_seconds)
             except Exception as e:  # e.g. out of memory: record it, go on, fail at the end
                 row = error_row(shape, dtype, f"{type(e).__name__}: {e}")
             ctx.cupy.get_default_memory_pool().free_all_blocks()

@@ -88,16 +88,56 @@ def test_cli_defaults_and_quick():
     quick = bench.parse_args(["--quick"])
     assert quick.shapes == [(4096, 4096, 4096), (2048, 2048, 2048), (1024, 1024, 1024), (512, 512, 16384)]
     assert (quick.seconds_per_shape, quick.rounds) == (bench.QUICK_WARMUP_S, bench.QUICK_ROUNDS)
+    assert (full.sustained_seconds, quick.sustained_seconds) == (bench.SUSTAINED_S,
+                                                                 bench.QUICK_SUSTAINED_S)
+    assert bench.parse_args(["--sustained-seconds", "0"]).sustained_seconds == 0
     explicit = bench.parse_args(["--quick", "--shapes", "256x256x256", "--dtypes", "bfloat16"])
     assert explicit.shapes == [(256, 256, 256)] and explicit.dtypes == ["bf16"]
 
 
 def test_default_run_fits_time_budget():
-    """Warm-up plus rounds alone must leave room in the ~5-minute budget."""
+    """Warm-up, interleaved and sustained rounds must leave room in the ~5-minute budget."""
     args = bench.parse_args([])
     pairs = len(args.shapes) * len(args.dtypes)
     rounds_s = args.rounds * len(bench.CONTESTANTS) * bench.TARGET_TIMING_S
-    assert pairs * (args.seconds_per_shape + rounds_s) < 0.5 * 5 * 60
+    sustained = [s for s in args.shapes if bench.sustained_applies(s, args.sustained_seconds)]
+    sustained_s = (len(sustained) * len(args.dtypes) * bench.SUSTAINED_ROUNDS
+                   * len(bench.CONTESTANTS) * args.sustained_seconds)
+    assert len(sustained) == 10  # the power-limited shapes: 2048^3 and up
+    assert pairs * (args.seconds_per_shape + rounds_s) + sustained_s < 0.6 * 5 * 60
+
+
+def test_sustained_applies_to_large_shapes_only():
+    assert bench.sustained_applies((2048, 2048, 2048), 0.4)
+    assert bench.sustained_applies((8192, 8192, 1024), 0.4)
+    assert not bench.sustained_applies((2048, 2048, 2047), 0.4)
+    assert not bench.sustained_applies((512, 512, 16384), 0.4)
+    assert not bench.sustained_applies((8192, 8192, 8192), 0.0)
+
+
+def test_sustained_rounds_run_each_alone_in_rotated_order(monkeypatch):
+    """Each contestant gets one run per round of about `seconds` of launches, every slot once
+    over the rounds; the medians give the ratios."""
+    calls = []
+    per_launch = {"hopmm": 200e-6, "cupy": 250e-6, "torch": 240e-6}
+    slow_once = {"hopmm": [400e-6]}  # one outlier round: the median ignores it
+
+    def fake_time(ctx, c, n):
+        calls.append((c.name, n))
+        extra = slow_once.get(c.name)
+        return extra.pop() if extra else per_launch[c.name]
+
+    monkeypatch.setattr(bench, "time_contestant", fake_time)
+    contestants = [bench.Contestant(name, None, []) for name in per_launch]
+    got = bench.sustained_rounds(None, contestants, per_launch, (4096, 4096, 4096), 0.5)
+    assert len(calls) == bench.SUSTAINED_ROUNDS * len(contestants)
+    rounds = [calls[i:i + 3] for i in range(0, len(calls), 3)]
+    for slot in range(3):
+        assert {r[slot][0] for r in rounds} == set(per_launch)
+    assert all(n == round(0.5 / per_launch[name]) for name, n in calls)
+    assert got["tflops"]["hopmm"] == pytest.approx(bench.tflops(4096, 4096, 4096, 200e-6))
+    assert got["hopmm_vs_best"] == pytest.approx(240 / 200)
+    assert got["seconds"] == 0.5 and len(got["per_launch_us"]["hopmm"]) == bench.SUSTAINED_ROUNDS
 
 
 # ----------------------------------------------------------- rotation
@@ -170,11 +210,20 @@ def test_format_table_columns_and_alignment():
     lines = text.splitlines()
     assert lines[0] == bench.TABLE_TITLE
     for column in ("shape", "dtype", "hopmm TFLOP/s", "cupy TFLOP/s", "torch TFLOP/s",
-                   "hopmm/cupy", "hopmm/best", "rel_err", "host_us", "enqueue_us", "MHz/W"):
+                   "hopmm/cupy", "hopmm/best", "sust/best", "rel_err", "host_us",
+                   "enqueue_us", "MHz/W"):
         assert column in lines[1]
     assert len({len(line) for line in lines[1:]}) == 1  # aligned: equal widths
     assert "4096x4096x4096" in text and "714.0" in text and "6.5" in text and "4.3" in text
     assert "ERROR" in lines[-2] and "FAIL" in lines[-1]
+
+
+def test_format_table_shows_the_sustained_ratio():
+    rows = fake_rows()[:2]
+    rows[0]["sustained"] = {"hopmm_vs_best": 0.987}
+    lines = bench.format_table(rows).splitlines()
+    column = lines[1].index("sust/best") + len("sust/best")
+    assert lines[3][:column].endswith("0.987") and lines[4][:column].endswith("-")
 
 
 def test_format_table_shows_clock_and_power():
