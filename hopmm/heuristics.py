@@ -8,22 +8,19 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, ELEM_BYTES, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, KernelConfig,
+from .schedules import (BLOCK_M, ELEM_BYTES, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
+                        KernelConfig, PersistentClusterOverlapSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
                         PersistentSchedule, SplitKClusterSchedule, SplitKSchedule)
 
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
 # rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
+# persistent_overlap took groups of 4 from v0.8 to v0.13: they ran up to 4 % faster in 30 ms
+# timings interleaved with cuBLAS, but each alone for a sustained run (bench/NOTES.md v0.14,
+# H100) group 16 ran ahead on six of eight shapes (6144³ 1.5-2.8 %, 8192³ 0.8-1.1 %, 8192 x
+# 8192 x 2048 fp16 3.3 %) and group 4 read twice the DRAM bytes at 6144³ (ncu: 1.02 GB against
+# 0.60; a wave of 4 x 33 tiles of 128 x 192 spans all of B).
 RASTER_GROUP_M = 16
-# persistent_overlap (128 x 192) in groups of 4 instead: on a hot H100 (bench/NOTES.md v0.8,
-# random round orders, three or more passes each) +3-4 % on 8192 x 28672 x 4096, +1.4-3.3 % on
-# 4096 x 28672 x 8192, +0.8-2.6 % on 8192³, +0.5-1 % on 4096 x 8192 x 28672; within ±1 % on
-# 6144³, 8192 x 8192 x 1024, 2048 x 8192 x 8192 and 4096³, and ±2 % with no consistent sign on
-# 4096 x 14336 x 4096. Measured, not yet explained: a wave then spans 33 N tiles, so B's rows
-# are read in 12 KB runs rather than 3 KB ones, though the wave draws more DRAM traffic. The
-# other schedules showed no such gain (persistent 128 x 256 level, persistent_cluster 1 %
-# worse at 3000³) and keep 16.
-RASTER_GROUP_M_OVERLAP = 4
 
 # Split-K (SplitKSchedule). It pays when the output has too few tiles to give every SM work
 # and K is long: idle SMs then take slices of K. Its cost is a serial hand-off per split
@@ -80,12 +77,25 @@ class Choice:
 # more of A and B per flop, but leaves room for more stages. Autotune tables on an H100
 # (bench/NOTES.md, v0.5, v0.6): 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both
 # filled the SMs equally; 192 ran level with 256 or ahead (v0.5, 4 stages against 3: up to 2 %;
-# v0.6, 4 stages each: 6144³, 9 tile-times either way, 693 against 658). Rated a hair faster,
-# so that it wins ties. 192 x 192 (clusters only) ran within 1 % of 128 x 192 wherever both
-# took the same or nearly the same tile-times (v0.10: 6144³, 4096³, 4096 x 28672 x 8192),
-# rated a hair slower.
+# v0.6, 4 stages each: 6144³, 9 tile-times either way, 693 against 658). Rated a hair faster.
+# 192 x 192 (clusters only) ran within 1 % of 128 x 192 wherever both took the same or nearly
+# the same tile-times (v0.10: 6144³, 4096³, 4096 x 28672 x 8192), and in sustained runs level
+# with 128 x 256 (v0.14: 6144³, 0.998 against 0.996 x cuBLAS).
 TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
               (TALL_BLOCK_M, 192): 1.0}
+# The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
+# and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED.
+# Fitted together to sustained runs on an H100 (bench/NOTES.md v0.14: each kernel alone for
+# about 0.7 s at the power limit, the regime of long runs of large GEMMs): 128 x 192 tiles on
+# persistent_overlap ran 1.3-2.4 % slower than 128 x 256 on persistent at 6144³, 8192³ (bf16,
+# fp16), 4096 x 28672 x 8192 and 8192 x 28672 x 4096 (64-128 k-blocks a tile; 0.96 of 256's
+# speed once the waves are counted), and 1.6-1.9 % faster at 8192 x 8192 x 1024 and 8192 x
+# 8192 x 2048 (16 and 32), where the hidden epilogue weighs more. Interleaved among other
+# kernels in 30 ms timings the overlap kernel ran 1-2 % faster than in these runs relative to
+# the others: it draws more power per cycle than they do, and in short timings it borrows the
+# clock their draw sets.
+EXPOSED_EPILOGUE_K_BLOCKS = 1.0
+OVERLAP_SPEED = 0.95
 # N-major B whose rows are not multiples of 128 bytes (Problem.b_pitch_aligned): each 128-byte
 # TMA box row then spans two cache lines. Measured on an H100 (bench/NOTES.md v0.6, bf16
 # TFLOP/s): the unclustered kernels lose about a quarter of their speed to it (3008 x 3000 x
@@ -147,12 +157,21 @@ def _tile_groups(sched, problem: Problem, shape: tuple[int, int]) -> int:
 
 
 def _relative_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int, int],
-                   speeds: dict) -> float:
+                   speeds: dict, overlap_widths: tuple = ()) -> float:
     """Waves of tiles (the last one counts whole: its idle SMs still cost time) x the time of
-    one tile of this shape. A cluster takes cluster_size vertically adjacent tiles at once."""
+    one tile of this shape: its main loop, and its epilogue unless the tile runs on the overlap
+    kernel (widths in `overlap_widths` of the persistent kernel, or the overlap schedules). A
+    cluster takes cluster_size vertically adjacent tiles at once."""
     workers, _ = _workers(sched, device)
     waves = -(-_tile_groups(sched, problem, shape) // workers)
-    return waves * shape[0] * shape[1] / speeds[shape]
+    overlapped = (issubclass(sched, (PersistentOverlapSchedule, PersistentClusterOverlapSchedule))
+                  or shape[1] in overlap_widths)
+    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    if overlapped:
+        tile_time = k_blocks / (speeds[shape] * OVERLAP_SPEED)
+    else:
+        tile_time = (k_blocks + EXPOSED_EPILOGUE_K_BLOCKS) / speeds[shape]
+    return waves * shape[0] * shape[1] * tile_time / k_blocks
 
 
 def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int,
@@ -258,7 +277,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
            + (f"; predicted {estimate:.1f} us" if splits > 1 else "")
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
-    return Choice(sched, cfg, why, _raster_group(problem, sched, cfg.block_m), splits)
+    return Choice(sched, cfg, why, _raster_group(problem, cfg.block_m), splits)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -278,13 +297,13 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
             why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
                    f"spans two cache lines: clusters of {UNALIGNED_B_SCHEDULE.cluster_size} CTAs "
                    f"share each B tile and load it once; {why}")
-            group = _raster_group(problem, UNALIGNED_B_SCHEDULE, cfg.block_m)
+            group = _raster_group(problem, cfg.block_m)
             return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
                           group)
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
     # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    picked = _fastest_tile(sched, problem, device)
+    picked = _fastest_tile(sched, problem, device, OVERLAP_WIDTHS if schedule is None else ())
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
@@ -300,7 +319,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         tall = _tall_cluster(problem, device, (cfg.block_m, cfg.block_n))
         if tall is not None:
             sched, cfg, why = tall
-    group = _raster_group(problem, sched, cfg.block_m)
+    group = _raster_group(problem, cfg.block_m)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
@@ -313,7 +332,8 @@ def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int]):
     if cfg is None or cfg.stages < FAST_STAGES:
         return None
     tall = _relative_time(sched, problem, device, TALL_TILE, TILE_SPEED)
-    persistent = _relative_time(PersistentSchedule, problem, device, shape, TILE_SPEED)
+    persistent = _relative_time(PersistentSchedule, problem, device, shape, TILE_SPEED,
+                                OVERLAP_WIDTHS)
     if tall * TALL_CLUSTER_MIN_GAIN > persistent:
         return None
     workers, units = _workers(sched, device)
@@ -325,11 +345,9 @@ def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int]):
     return sched, cfg, why
 
 
-def _raster_group(problem: Problem, sched, block_m: int) -> int:
-    """M-tiles per raster group for `sched` (RASTER_GROUP_M, or RASTER_GROUP_M_OVERLAP for
-    persistent_overlap), or all of them where there are fewer."""
-    group_m = RASTER_GROUP_M_OVERLAP if sched is PersistentOverlapSchedule else RASTER_GROUP_M
-    return min(group_m, -(-problem.m // block_m))
+def _raster_group(problem: Problem, block_m: int) -> int:
+    """M-tiles per raster group: RASTER_GROUP_M, or all of them where there are fewer."""
+    return min(RASTER_GROUP_M, -(-problem.m // block_m))
 
 
 def _b_rows_unaligned(problem: Problem) -> bool:
@@ -344,10 +362,11 @@ def _tile_speeds(sched, problem: Problem) -> dict:
             else TILE_SPEED)
 
 
-def _fastest_tile(sched, problem: Problem, device: DeviceInfo):
+def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: tuple = ()):
     """(config, why) of the tile shape of `sched` with the fewest tile-times (_relative_time
-    under _tile_speeds), on an exact tie the wider, then the shorter, among those with at least
-    FAST_STAGES stages where any has; None if no shape fits."""
+    under _tile_speeds; widths in `overlap_widths` will run on the overlap kernel), on an exact
+    tie the wider, then the shorter, among those with at least FAST_STAGES stages where any
+    has; None if no shape fits."""
     speeds = _tile_speeds(sched, problem)
     shapes = sorted((t for t in sched.tile_shapes() if t in speeds),
                     key=lambda t: (-t[1], t[0]))
@@ -357,7 +376,8 @@ def _fastest_tile(sched, problem: Problem, device: DeviceInfo):
     if not fits:
         return None
     ranked = sorted(fits, key=lambda t: (configs[t].stages < FAST_STAGES,
-                                         _relative_time(sched, problem, device, t, speeds)))
+                                         _relative_time(sched, problem, device, t, speeds,
+                                                        overlap_widths)))
     cfg = configs[ranked[0]]
     why = "".join(f"a {m}x{n} tile leaves fewer than {MIN_STAGES} stages; "
                   for m, n in shapes if configs[m, n] is None)

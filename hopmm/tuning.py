@@ -24,7 +24,7 @@ from .problem import KERNEL_DTYPES, Problem
 from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
-# 4 is persistent_overlap's default (heuristics.RASTER_GROUP_M_OVERLAP), 16 the others'.
+# 16 is the heuristic's group (heuristics.RASTER_GROUP_M); the others are the alternatives timed.
 RASTER_GROUPS = (4, 8, 16, 32)
 # Split counts tried for the split-K schedule (those within its co-residency bound).
 SPLIT_COUNTS = (2, 4, 8, 16)

@@ -129,7 +129,7 @@ def test_cluster_walk_keeps_a_wave_compact():
 
 def test_heuristic_default_is_unclustered_and_cluster_is_selectable():
     p = Problem(8192, 8192, 8192, 1, "bfloat16", "k", "n")
-    assert heuristics.choose(p, H100_SXM).schedule.name == "persistent_overlap"
+    assert heuristics.choose(p, H100_SXM).schedule.name == "persistent"
     c = heuristics.choose(p, H100_SXM, "persistent_cluster")
     # 32 x 43 pairs of 128 x 192 tiles = 20.8 waves of 66 clusters (21 tile-times of 192)
     # against 32 x 32 pairs of 128 x 256 = 15.5 waves (16 of 256)
