@@ -33,12 +33,12 @@ Method (each choice was checked on an H100):
     sustained GEMM load an H100 sits at its power limit with the SM clock far
     below its maximum.
   * sustained rounds (shapes of at least 2048^3 multiply-adds): each contestant
-    also runs alone for about half a second, in rotated order, three times; the
-    median gives the sust/best column.  In a 30 ms timing among the others a
-    kernel runs near the clock the mix's power draw sets, and a kernel that
-    draws more power per cycle than the others borrows from them; alone for
-    half a second it runs at the clock its own draw sets, as in a long run of
-    large GEMMs (bench/NOTES.md v0.14: the two ratios differed by up to 6 %).
+    also runs alone for 0.4 s, in rotated order, three times; the median gives
+    the sust/best column.  In a 30 ms timing among the others a kernel runs
+    near the clock the mix's power draw sets, and a kernel that draws more
+    power per cycle than the others borrows from them; alone for 0.4 s it runs
+    at the clock its own draw sets, as in a long run of large GEMMs
+    (bench/NOTES.md v0.14: the two ratios differed by up to 6 %).
 
 Output: <out>/bench-<date>-<device>.json (metadata + one row per shape and
 dtype), a PNG chart next to it, and an aligned table printed last.
@@ -594,7 +594,8 @@ def sustained_rounds(ctx: Context, contestants: list[Contestant], per_launch_s: 
     runs = {c.name: [] for c in contestants}
     for r in range(SUSTAINED_ROUNDS):
         for c in rotated(contestants, r):
-            runs[c.name].append(time_contestant(ctx, c, max(1, round(seconds / per_launch_s[c.name]))))
+            launches = max(1, round(seconds / per_launch_s[c.name]))
+            runs[c.name].append(time_contestant(ctx, c, launches))
     tf = {name: tflops(*shape, statistics.median(ts)) for name, ts in runs.items()}
     return {"seconds": seconds, "rounds": SUSTAINED_ROUNDS, "tflops": tf,
             "per_launch_us": {name: [t * 1e6 for t in ts] for name, ts in runs.items()},

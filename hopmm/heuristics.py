@@ -86,7 +86,7 @@ TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
 # The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
 # and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED.
 # Fitted together to sustained runs on an H100 (bench/NOTES.md v0.14: each kernel alone for
-# about 0.7 s at the power limit, the regime of long runs of large GEMMs): 128 x 192 tiles on
+# 0.6-1.0 s at the power limit, the regime of long runs of large GEMMs): 128 x 192 tiles on
 # persistent_overlap ran 1.3-2.4 % slower than 128 x 256 on persistent at 6144³, 8192³ (bf16,
 # fp16), 4096 x 28672 x 8192 and 8192 x 28672 x 4096 (64-128 k-blocks a tile; 0.96 of 256's
 # speed once the waves are counted), and 1.6-1.9 % faster at 8192 x 8192 x 1024 and 8192 x
