@@ -1,5 +1,6 @@
 """Fair side-by-side timing on the GPU: CUDA events around back-to-back launches, rotating
-input sets, implementations interleaved round by round, medians over rounds."""
+input sets, implementations interleaved round by round, medians over rounds; and sustained
+runs, each contestant alone for a fraction of a second."""
 from __future__ import annotations
 
 import random
@@ -53,4 +54,27 @@ def interleaved_medians(contestants: dict, inputs, rounds: int, warmup_s: float,
     for order in round_orders(names, rounds):
         for name in order:
             samples[name].append(time_per_call(contestants[name], inputs, launches[name]))
+    return {name: statistics.median(v) for name, v in samples.items()}
+
+
+# Sustained runs. At the power limit a 30 ms timing among other kernels runs near the clock
+# their power draw sets, so a kernel that draws more per cycle reads faster than it runs alone
+# for long (H100, bench/NOTES.md v0.14: up to 6 %). Alone for SUSTAINED_S a kernel runs at the
+# clock its own draw sets; rotated rounds give every contestant every place once.
+SUSTAINED_S = 0.3
+SUSTAINED_ROUNDS = 3
+
+
+def sustained_medians(contestants: dict, inputs, per_call: dict, seconds: float | None = None,
+                      rounds: int = SUSTAINED_ROUNDS) -> dict:
+    """{name: median seconds per call}, each contestant alone for about `seconds` (default
+    SUSTAINED_S) of back-to-back calls (sized from `per_call`, its seconds per call) per round,
+    in rotated order."""
+    seconds = SUSTAINED_S if seconds is None else seconds
+    names = list(contestants)
+    samples = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            launches = max(len(inputs), round(seconds / per_call[name]))
+            samples[name].append(time_per_call(contestants[name], inputs, launches))
     return {name: statistics.median(v) for name, v in samples.items()}
