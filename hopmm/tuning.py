@@ -197,8 +197,10 @@ def _validate_shapes(shapes, dtype) -> list[tuple[int, int, int]]:
 def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5,
              input_sets: int = 2, progress=None) -> list[dict]:
     """Times every candidate for each (m, n, k) of `shapes` (row-major A and B) and stores the
-    fastest correct one (after each shape, so an interruption keeps what was tuned). Returns
-    one row per shape: the winner and every correct candidate's TFLOP/s."""
+    fastest correct one (after each shape, so an interruption keeps what was tuned); on
+    problems at the power limit the fastest of SUSTAINED_FINALISTS run again alone
+    (sustained_finalists). Returns one row per shape: the winner, every correct candidate's
+    TFLOP/s and, where they ran, the finalists' TFLOP/s alone ("sustained_tflops")."""
     # Looked up per call, not bound at import: the caller may have redirected stderr since.
     progress = sys.stderr if progress is None else progress
     import cupy
