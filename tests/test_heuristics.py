@@ -90,7 +90,7 @@ def test_overlap_schedule_takes_the_common_raster_group(schedule):
     assert choose(256, 8192, 1024, schedule=schedule).raster_group == 2  # only 2 M tiles
 
 
-# Sustained runs on an H100 (bench/NOTES.md v0.14, each kernel alone ~0.7 s, x best cuBLAS):
+# Sustained runs on an H100 (bench/NOTES.md v0.14, each kernel alone 0.6-1 s, x best cuBLAS):
 # 128 x 256 on persistent against 128 x 192 on persistent_overlap (its better group).
 @pytest.mark.parametrize("m,n,k,dtype,measured", [
     (6144, 6144, 6144, "bfloat16", (0.996, 0.972)),
