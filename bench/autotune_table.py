@@ -35,6 +35,9 @@ def main(argv=None) -> int:
         m, n, k = row["shape"]
         ranked = sorted(row["tflops"].items(), key=lambda kv: -kv[1])
         print(f"{m}x{n}x{k}: " + "; ".join(f"{name} {tf:.0f}" for name, tf in ranked))
+        alone = sorted(row.get("sustained_tflops", {}).items(), key=lambda kv: -kv[1])
+        if alone:  # the finalists, each alone for a sustained run: the winner is the first
+            print("  alone: " + "; ".join(f"{name} {tf:.0f}" for name, tf in alone))
     return 0
 
 

@@ -1,0 +1,172 @@
+#!/usr/bin/env python3
+"""Forced hopmm kernels against cuBLAS on one shape, timed two ways: interleaved in short
+timings (as bench.py's main columns) and each alone for a sustained run (as its sust/best).
+
+    python bench/compare.py 6144x6144x6144 persistent/128x256/16 persistent_overlap/128x192/4
+                            [--dtype bf16] [--rounds 24] [--sustained-seconds 0.6]
+
+A kernel is schedule/BMxBN/group: a schedule of hopmm.schedules.SCHEDULES, one of its tiles
+and the raster group (M-tiles per group). Each runs at the deepest stage count that fits,
+is checked against cupy.matmul into a NaN-poisoned result first, and is then timed beside
+cupy.matmul and torch.matmul (where torch imports) on rotating input sets larger than the
+L2. At the power limit the two timings differ (bench/NOTES.md v0.14); the table shows both,
+each relative to the faster cuBLAS of the same timing.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench  # noqa: E402
+from bench import (CUBLAS_CONTESTANTS, CUPY_DTYPE_NAMES, DTYPE_ALIASES, ELEMENT_BYTES,  # noqa: E402
+                   REL_ERR_LIMITS)
+
+DEFAULT_ROUNDS = 24           # interleaved rounds, each contestant ~20 ms
+DEFAULT_SUSTAINED_S = 0.6     # seconds alone per sustained round
+WARMUP_S = 5.0                # heat-up before timing: the power limit is the regime measured
+
+
+# The kernels read A and B in place and store C in place, which TMA allows where every row
+# starts on a 16-byte boundary (hopmm.matmul copies other operands first).
+ROW_ALIGN_BYTES = 16
+
+
+def parse_shape(text: str) -> tuple[int, int, int]:
+    """bench.parse_shape, where K and N give rows of whole 16-byte units."""
+    m, n, k = bench.parse_shape(text)
+    if (k * ELEMENT_BYTES) % ROW_ALIGN_BYTES or (n * ELEMENT_BYTES) % ROW_ALIGN_BYTES:
+        raise ValueError(f"shape {text!r}: K and N must be multiples of "
+                         f"{ROW_ALIGN_BYTES // ELEMENT_BYTES}, so the kernels read A and B "
+                         f"and store C in place")
+    return m, n, k
+
+
+class KernelSpec(NamedTuple):
+    schedule: str
+    tile: tuple[int, int]
+    group: int
+
+    @property
+    def label(self) -> str:
+        return f"{self.schedule}/{self.tile[0]}x{self.tile[1]}/{self.group}"
+
+
+def parse_kernel(text: str) -> KernelSpec:
+    """schedule/BMxBN/group, checked against the schedule's tiles."""
+    from hopmm.schedules import SCHEDULES
+
+    parts = text.strip().split("/")
+    if len(parts) != 3:
+        raise ValueError(f"kernel {text!r}: expected schedule/BMxBN/group, e.g. "
+                         f"persistent/128x256/16")
+    name, tile_text, group_text = parts
+    if name not in SCHEDULES:
+        raise ValueError(f"kernel {text!r}: unknown schedule {name!r}; known: {sorted(SCHEDULES)}")
+    try:
+        tile = tuple(int(x) for x in tile_text.lower().split("x"))
+        group = int(group_text)
+    except ValueError:
+        raise ValueError(f"kernel {text!r}: the tile is BMxBN and the group an integer") from None
+    shapes = SCHEDULES[name].tile_shapes()
+    if tile not in shapes:
+        raise ValueError(f"kernel {text!r}: {name} computes tiles "
+                         f"{', '.join(f'{m}x{n}' for m, n in shapes)}")
+    if group < 1:
+        raise ValueError(f"kernel {text!r}: the raster group is at least 1")
+    return KernelSpec(name, tile, group)
+
+
+def ratios(seconds: dict) -> dict:
+    """{name: the faster cuBLAS's seconds / name's} (> 1: faster than cuBLAS)."""
+    best = min(seconds[c] for c in CUBLAS_CONTESTANTS if c in seconds)
+    return {name: best / t for name, t in seconds.items()}
+
+
+def format_table(title: str, interleaved: dict, alone: dict) -> str:
+    """Seconds per call of each contestant, both ways, with their ratios to cuBLAS."""
+    head = f"{'contestant':<36}{'us':>9}{'x best':>8}{'alone us':>10}{'x best':>8}"
+    lines = [title, head, "-" * len(head)]
+    r_il, r_alone = ratios(interleaved), ratios(alone)
+    for name in interleaved:
+        lines.append(f"{name:<36}{interleaved[name] * 1e6:>9.1f}{r_il[name]:>8.3f}"
+                     f"{alone[name] * 1e6:>10.1f}{r_alone[name]:>8.3f}")
+    return "\n".join(lines)
+
+
+def kernel_contestant(spec: KernelSpec, sets, device):
+    """A launcher of the forced kernel over the input sets (A, B, C), and its relative error
+    against cupy.matmul on the first set."""
+    import cupy
+
+    from hopmm import api, launch, layout
+    from hopmm.heuristics import Choice
+    from hopmm.schedules import SCHEDULES
+
+    a, b, c = sets[0]
+    call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+    sched, p = SCHEDULES[spec.schedule], call.problem
+    cfg = sched.deepest(p.dtype, spec.tile[1], p.trans_a, p.trans_b,
+                        device.smem_per_block_optin, spec.tile[0])
+    if cfg is None:
+        raise ValueError(f"{spec.label}: no stage count fits {device.smem_per_block_optin} B")
+    choice = Choice(sched, cfg, "forced by bench/compare.py", spec.group)
+    launches = launch.build_launches(choice, p, call.a3, call.a_map, call.b3, call.b_map,
+                                     c.reshape((1,) + c.shape))
+
+    def run(a, b, c):
+        launch.launch_all(launches, a.data.ptr, b.data.ptr, c.data.ptr)
+
+    c[...] = bench.poisoned(cupy, c.shape, c.dtype)
+    run(a, b, c)
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    err = float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+    return run, err
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("shape", type=bench._arg_type(parse_shape),
+                   help="MxNxK (A is MxK, B is KxN, row-major)")
+    p.add_argument("kernels", nargs="+", type=bench._arg_type(parse_kernel),
+                   help="schedule/BMxBN/group")
+    p.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_ALIASES))
+    p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
+    p.add_argument("--sustained-seconds", type=float, default=DEFAULT_SUSTAINED_S)
+    args = p.parse_args(argv)
+
+    from hopmm.device import query
+    from hopmm.timing import interleaved_medians, sustained_medians
+
+    dtype = DTYPE_ALIASES[args.dtype]
+    ctx = bench.Context(use_torch=True)
+    ctx.cupy.random.seed(bench.SEED)
+    m, n, k = args.shape
+    sets = bench.make_inputs(ctx, m, n, k, dtype)
+    contestants = {"cupy": lambda a, b, c: ctx.cupy.matmul(a, b, out=c)}
+    if ctx.torch is not None:
+        views = {id(x): bench.to_torch(ctx.torch, x) for s in sets for x in s}
+        contestants["torch"] = lambda a, b, c: ctx.torch.matmul(views[id(a)], views[id(b)],
+                                                                out=views[id(c)])
+    device = query(ctx.cupy.cuda.Device().id)
+    failed = []
+    for spec in args.kernels:
+        run, err = kernel_contestant(spec, sets, device)
+        if not err <= REL_ERR_LIMITS[dtype]:  # NaN too: an unwritten tile
+            failed.append(f"{spec.label}: rel err {err:.2e}")
+            continue
+        contestants[spec.label] = run
+    interleaved = interleaved_medians(contestants, sets, args.rounds, WARMUP_S)
+    alone = sustained_medians(contestants, sets, interleaved, args.sustained_seconds)
+    title = (f"=== {m}x{n}x{k} {CUPY_DTYPE_NAMES[dtype]}: {args.rounds} interleaved rounds, "
+             f"then each alone for {args.sustained_seconds} s x 3 rotated rounds")
+    print(format_table(title, interleaved, alone))
+    for line in failed:
+        print(f"WRONG, not timed: {line}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
