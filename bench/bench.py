@@ -375,7 +375,9 @@ def draw_chart(rows: list[dict], path, title: str = "") -> Path | None:
 
 
 # -------------------------------------------------------------------- CLI
-def _arg_type(parser_fn):
+def arg_type(parser_fn):
+    """An argparse type from a parser that raises ValueError: its message reaches the user
+    (bench/compare.py uses it too)."""
     def convert(text):
         try:
             return parser_fn(text)
@@ -387,9 +389,9 @@ def _arg_type(parser_fn):
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Benchmark hopmm.matmul against cuBLAS (CuPy, PyTorch).")
-    p.add_argument("--shapes", type=_arg_type(parse_shapes), default=None,
+    p.add_argument("--shapes", type=arg_type(parse_shapes), default=None,
                    help="comma-separated MxNxK list (A is MxK, B is KxN); default: the full list")
-    p.add_argument("--dtypes", type=_arg_type(parse_dtypes), default=parse_dtypes(DEFAULT_DTYPES),
+    p.add_argument("--dtypes", type=arg_type(parse_dtypes), default=parse_dtypes(DEFAULT_DTYPES),
                    help="comma-separated: bf16, fp16 (default: both)")
     p.add_argument("--seconds-per-shape", type=float, default=None,
                    help=f"warm-up seconds per shape and dtype (default {DEFAULT_WARMUP_S}, quick {QUICK_WARMUP_S})")

@@ -128,9 +128,9 @@ def kernel_contestant(spec: KernelSpec, sets, device):
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("shape", type=bench._arg_type(parse_shape),
+    p.add_argument("shape", type=bench.arg_type(parse_shape),
                    help="MxNxK (A is MxK, B is KxN, row-major)")
-    p.add_argument("kernels", nargs="+", type=bench._arg_type(parse_kernel),
+    p.add_argument("kernels", nargs="+", type=bench.arg_type(parse_kernel),
                    help="schedule/BMxBN/group")
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_ALIASES))
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
