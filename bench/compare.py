@@ -56,8 +56,10 @@ class KernelSpec(NamedTuple):
 
 def parse_kernel(text: str) -> KernelSpec:
     """schedule/BMxBN/group, checked against the schedule's tiles."""
+    from hopmm.heuristics import SPLIT_K_SCHEDULES
     from hopmm.schedules import SCHEDULES
 
+    split_k_names = {s.name for s in SPLIT_K_SCHEDULES}
     parts = text.strip().split("/")
     if len(parts) != 3:
         raise ValueError(f"kernel {text!r}: expected schedule/BMxBN/group, e.g. "
@@ -70,6 +72,9 @@ def parse_kernel(text: str) -> KernelSpec:
         group = int(group_text)
     except ValueError:
         raise ValueError(f"kernel {text!r}: the tile is BMxBN and the group an integer") from None
+    if name in split_k_names:
+        raise ValueError(f"kernel {text!r}: split-K schedules also need a split count; "
+                         f"bench.py and hopmm.autotune time them")
     shapes = SCHEDULES[name].tile_shapes()
     if tile not in shapes:
         raise ValueError(f"kernel {text!r}: {name} computes tiles "
@@ -138,7 +143,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from hopmm.device import query
-    from hopmm.timing import interleaved_medians, sustained_medians
+    from hopmm.timing import SUSTAINED_ROUNDS, interleaved_medians, sustained_medians
 
     dtype = DTYPE_ALIASES[args.dtype]
     ctx = bench.Context(use_torch=True)
@@ -161,7 +166,8 @@ def main(argv=None) -> int:
     interleaved = interleaved_medians(contestants, sets, args.rounds, WARMUP_S)
     alone = sustained_medians(contestants, sets, interleaved, args.sustained_seconds)
     title = (f"=== {m}x{n}x{k} {CUPY_DTYPE_NAMES[dtype]}: {args.rounds} interleaved rounds, "
-             f"then each alone for {args.sustained_seconds} s x 3 rotated rounds")
+             f"then each alone for {args.sustained_seconds} s x {SUSTAINED_ROUNDS} rotated "
+             f"rounds")
     print(format_table(title, interleaved, alone))
     for line in failed:
         print(f"WRONG, not timed: {line}")

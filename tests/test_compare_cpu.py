@@ -25,6 +25,8 @@ def test_parse_kernel():
     ("persistent/192x192/16", "tiles"),            # the tall tile is the cluster kernel's
     ("persistent/128xabc/16", "BMxBN"),
     ("persistent/128x256/0", "at least 1"),
+    ("split_k/128x128/16", "split count"),
+    ("split_k_cluster/128x128/16", "split count"),
 ])
 def test_parse_kernel_rejects(text, message):
     with pytest.raises(ValueError, match=message):
