@@ -111,6 +111,9 @@ class WarpSpecializedSchedule:
     workspace = False
     # Rows of the output's TMA store box (its columns: TMA_BOX_ELEMS).
     c_box_rows = WGMMA_M
+    # Whether the kernel runs in clusters shaped at launch (1 x splits x 1: split_k_cluster),
+    # rather than none or the __cluster_dims__ of cluster_size.
+    cluster_at_launch = False
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -202,10 +205,6 @@ class WarpSpecializedSchedule:
         """One CTA per tile: x is the linear tile index (ordered by the raster), z the batch."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return (tiles_m * tiles_n, 1, batch_count)
-
-    # Whether the kernel runs in clusters shaped at launch (1 x splits x 1: split_k_cluster),
-    # rather than none or the __cluster_dims__ of cluster_size.
-    cluster_at_launch = False
 
     @classmethod
     def launch_cluster(cls, splits: int = 1) -> tuple[int, int, int]:
@@ -479,13 +478,15 @@ class SplitKSchedule(WarpSpecializedSchedule):
         by_sms = sm_count // (tiles_m * tiles_n * batch_count)
         return max(1, min(by_sms, cls.k_blocks(problem, cfg)))
 
+    # What bounds the split count (max_splits), for grid's error.
+    split_bound = "the co-residency bound (tiles x splits x batch <= SMs) and a k-block per split"
+
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
              sm_count: int, splits: int = 1) -> tuple[int, int, int]:
-        if not 1 <= splits <= cls.max_splits(problem, cfg, batch_count, sm_count):
-            raise ValueError(f"{splits} splits break the co-residency bound or leave a split "
-                             f"without k-blocks (at most "
-                             f"{cls.max_splits(problem, cfg, batch_count, sm_count)})")
+        top = cls.max_splits(problem, cfg, batch_count, sm_count)
+        if not 1 <= splits <= top:
+            raise ValueError(f"{splits} splits: at most {top} here, by {cls.split_bound}")
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return (tiles_m * tiles_n, splits, batch_count)
 
@@ -533,6 +534,7 @@ class SplitKClusterSchedule(SplitKSchedule):
     pointers = 0
     c_box_rows = CLUSTER_REDUCE_GROUP_ROWS
     reduce_snippet = "split_k_cluster_reduce.cuh"
+    split_bound = f"a cluster of at most {MAX_CLUSTER_SPLITS} CTAs and a k-block per split"
 
     @classmethod
     def smem_note(cls, cfg: KernelConfig) -> str:
@@ -547,16 +549,6 @@ class SplitKClusterSchedule(SplitKSchedule):
                    sm_count: int) -> int:
         """The most CTAs of a portable cluster, at most one split per k-block; at least 1."""
         return max(1, min(MAX_CLUSTER_SPLITS, cls.k_blocks(problem, cfg)))
-
-    @classmethod
-    def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
-             sm_count: int, splits: int = 1) -> tuple[int, int, int]:
-        top = cls.max_splits(problem, cfg, batch_count, sm_count)
-        if not 1 <= splits <= top:
-            raise ValueError(f"{splits} splits: a cluster holds at most {MAX_CLUSTER_SPLITS} "
-                             f"CTAs and every split needs a k-block (at most {top})")
-        tiles_m, tiles_n = cls.tiles(problem, cfg)
-        return (tiles_m * tiles_n, splits, batch_count)
 
 
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
