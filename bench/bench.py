@@ -111,7 +111,10 @@ SEED = 20240901  # fixed so runs are reproducible; the data is never all zeros
 NVML_LIBRARY = "libnvidia-ml.so.1"  # part of the driver, like libcuda
 NVML_CLOCK_SM = 1                   # nvmlClockType_t
 NVML_TEMPERATURE_GPU = 0            # nvmlTemperatureSensors_t
-MILLI = 1e-3                        # NVML reports power in mW
+MILLI = 1e-3                        # NVML reports power in mW and energy in mJ
+# nvmlClocksThrottleReasons bits: what holds the SM clock below its maximum at a reading
+NVML_CLOCK_LIMITERS = {0x4: "power cap", 0x8: "hw slowdown", 0x20: "sw thermal",
+                       0x40: "hw thermal", 0x80: "power brake"}
 
 DTYPE_ALIASES = {"bf16": "bf16", "bfloat16": "bf16", "fp16": "fp16",
                  "float16": "fp16", "half": "fp16"}
@@ -452,6 +455,20 @@ class GpuState:
         return {"sm_mhz": self._read(self.lib.nvmlDeviceGetClockInfo, NVML_CLOCK_SM),
                 "power_w": None if power_mw is None else power_mw * MILLI,
                 "temp_c": self._read(self.lib.nvmlDeviceGetTemperature, NVML_TEMPERATURE_GPU)}
+
+    def energy_j(self) -> float | None:
+        """Joules the GPU has used since the driver loaded (NVML's total energy counter)."""
+        import ctypes
+        value = ctypes.c_ulonglong()
+        rc = self.lib.nvmlDeviceGetTotalEnergyConsumption(self.handle, ctypes.byref(value))
+        return value.value * MILLI if rc == 0 else None
+
+    def clock_limiters(self) -> int | None:
+        """The bit mask of NVML_CLOCK_LIMITERS (and others) active at this reading."""
+        import ctypes
+        value = ctypes.c_ulonglong()
+        rc = self.lib.nvmlDeviceGetCurrentClocksThrottleReasons(self.handle, ctypes.byref(value))
+        return value.value if rc == 0 else None
 
     def limits(self) -> dict:
         limit_mw = self._read(self.lib.nvmlDeviceGetEnforcedPowerLimit)

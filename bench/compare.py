@@ -11,22 +11,29 @@ is checked against cupy.matmul into a NaN-poisoned result first, and is then tim
 cupy.matmul and torch.matmul (where torch imports) on rotating input sets larger than the
 L2. At the power limit the two timings differ (bench/NOTES.md v0.14); the table shows both,
 each relative to the faster cuBLAS of the same timing.
+
+During the runs alone NVML is read every POWER_READING_S: the medians of the power draw and
+SM clock, the energy per call from NVML's energy counter (GFLOP/J), and the share of the
+readings at which each clock limiter (power cap, thermal, power brake...) was active. Where
+the power cap holds the clock, a kernel's rate alone is its work per joule.
 """
 from __future__ import annotations
 
 import argparse
 import sys
 from pathlib import Path
+import statistics
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench  # noqa: E402
 from bench import (CUBLAS_CONTESTANTS, CUPY_DTYPE_NAMES, DTYPE_ALIASES, ELEMENT_BYTES,  # noqa: E402
-                   REL_ERR_LIMITS)
+                   NVML_CLOCK_LIMITERS, REL_ERR_LIMITS)
 
 DEFAULT_ROUNDS = 24           # interleaved rounds, each contestant ~20 ms
 DEFAULT_SUSTAINED_S = 0.6     # seconds alone per sustained round
 WARMUP_S = 5.0                # heat-up before timing: the power limit is the regime measured
+POWER_READING_S = 0.02        # launches enqueued between two NVML readings during a run alone
 
 
 # The kernels read A and B in place and store C in place, which TMA allows where every row
@@ -90,14 +97,57 @@ def ratios(seconds: dict) -> dict:
     return {name: best / t for name, t in seconds.items()}
 
 
+class AloneRun(NamedTuple):
+    """One contestant alone for a sustained run."""
+    seconds: float          # per call
+    joules: float | None    # per call, from NVML's energy counter
+    readings: list          # NVML readings taken while it ran (sm_mhz, power_w, limiters)
+
+
+def limiter_shares(readings: list) -> dict:
+    """{limiter name: share of the readings at which it held the clock}, named limiters only."""
+    masks = [r["limiters"] for r in readings if r.get("limiters") is not None]
+    if not masks:
+        return {}
+    return {name: sum(1 for m in masks if m & bit) / len(masks)
+            for bit, name in NVML_CLOCK_LIMITERS.items() if any(m & bit for m in masks)}
+
+
+def summarize_alone(runs: list, flops: float) -> dict:
+    """Medians over a contestant's runs alone: seconds per call, W, MHz, GFLOP/J, and the
+    share of readings each limiter was active."""
+    readings = [r for run in runs for r in run.readings]
+
+    def median_of(key):
+        values = [r[key] for r in readings if r.get(key) is not None]
+        return statistics.median(values) if values else None
+
+    joules = [run.joules for run in runs if run.joules]
+    return {"seconds": statistics.median(run.seconds for run in runs),
+            "power_w": median_of("power_w"), "sm_mhz": median_of("sm_mhz"),
+            "gflop_per_j": flops / statistics.median(joules) * 1e-9 if joules else None,
+            "limiters": limiter_shares(readings)}
+
+
+def _limiters_cell(shares: dict) -> str:
+    """'power cap 100%' or '-'."""
+    return ", ".join(f"{name} {share:.0%}" for name, share in shares.items()) or "-"
+
+
 def format_table(title: str, interleaved: dict, alone: dict) -> str:
-    """Seconds per call of each contestant, both ways, with their ratios to cuBLAS."""
-    head = f"{'contestant':<36}{'us':>9}{'x best':>8}{'alone us':>10}{'x best':>8}"
+    """Seconds per call of each contestant, both ways, with their ratios to cuBLAS, and what
+    NVML read during its runs alone (`alone`: summarize_alone's dicts)."""
+    head = (f"{'contestant':<36}{'us':>9}{'x best':>8}{'alone us':>10}{'x best':>8}"
+            f"{'W':>6}{'MHz':>6}{'GFLOP/J':>9}  clock limited by")
     lines = [title, head, "-" * len(head)]
-    r_il, r_alone = ratios(interleaved), ratios(alone)
+    r_il = ratios(interleaved)
+    r_alone = ratios({name: a["seconds"] for name, a in alone.items()})
     for name in interleaved:
+        a = alone[name]
         lines.append(f"{name:<36}{interleaved[name] * 1e6:>9.1f}{r_il[name]:>8.3f}"
-                     f"{alone[name] * 1e6:>10.1f}{r_alone[name]:>8.3f}")
+                     f"{a['seconds'] * 1e6:>10.1f}{r_alone[name]:>8.3f}"
+                     f"{bench._fmt(a['power_w'], '.0f'):>6}{bench._fmt(a['sm_mhz'], '.0f'):>6}"
+                     f"{bench._fmt(a['gflop_per_j'], '.0f'):>9}  {_limiters_cell(a['limiters'])}")
     return "\n".join(lines)
 
 
@@ -131,6 +181,47 @@ def kernel_contestant(spec: KernelSpec, sets, device):
     return run, err
 
 
+def run_alone(fn, inputs, launches: int, chunk: int, gpu) -> AloneRun:
+    """`launches` back-to-back calls timed by CUDA events. Where `gpu` is not None, NVML is
+    read after every `chunk` calls, once the GPU has run the chunk before: one chunk stays
+    queued, so the GPU never idles, and the readings follow its progress."""
+    import cupy
+
+    energy0 = gpu.energy_j() if gpu else None
+    start, stop = cupy.cuda.Event(), cupy.cuda.Event()
+    readings, previous = [], None
+    start.record()
+    for i in range(launches):
+        fn(*inputs[i % len(inputs)])
+        if gpu and (i + 1) % chunk == 0:
+            done = cupy.cuda.Event()
+            done.record()
+            if previous is not None:
+                previous.synchronize()
+                readings.append({**gpu.read(), "limiters": gpu.clock_limiters()})
+            previous = done
+    stop.record()
+    stop.synchronize()
+    energy1 = gpu.energy_j() if gpu else None
+    seconds = cupy.cuda.get_elapsed_time(start, stop) / 1e3 / launches
+    joules = (energy1 - energy0) / launches if energy0 is not None and energy1 is not None else None
+    return AloneRun(seconds, joules, readings)
+
+
+def alone_summaries(contestants: dict, inputs, per_call: dict, seconds: float, gpu,
+                    flops: float, rounds: int) -> dict:
+    """{name: summarize_alone(...)}: each contestant alone for about `seconds` per round, the
+    rounds rotated (as hopmm.timing.sustained_medians)."""
+    names = list(contestants)
+    runs = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            launches = max(len(inputs), round(seconds / per_call[name]))
+            chunk = max(1, round(POWER_READING_S / per_call[name]))
+            runs[name].append(run_alone(contestants[name], inputs, launches, chunk, gpu))
+    return {name: summarize_alone(rs, flops) for name, rs in runs.items()}
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("shape", type=bench.arg_type(parse_shape),
@@ -143,7 +234,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
 
     from hopmm.device import query
-    from hopmm.timing import SUSTAINED_ROUNDS, interleaved_medians, sustained_medians
+    from hopmm.timing import SUSTAINED_ROUNDS, interleaved_medians
 
     dtype = DTYPE_ALIASES[args.dtype]
     ctx = bench.Context(use_torch=True)
@@ -164,11 +255,14 @@ def main(argv=None) -> int:
             continue
         contestants[spec.label] = run
     interleaved = interleaved_medians(contestants, sets, args.rounds, WARMUP_S)
-    alone = sustained_medians(contestants, sets, interleaved, args.sustained_seconds)
+    alone = alone_summaries(contestants, sets, interleaved, args.sustained_seconds,
+                            ctx.gpu_state, 2.0 * m * n * k, SUSTAINED_ROUNDS)
     title = (f"=== {m}x{n}x{k} {CUPY_DTYPE_NAMES[dtype]}: {args.rounds} interleaved rounds, "
              f"then each alone for {args.sustained_seconds} s x {SUSTAINED_ROUNDS} rotated "
              f"rounds")
     print(format_table(title, interleaved, alone))
+    if ctx.gpu_state_note:
+        print(f"note: NVML not read: {ctx.gpu_state_note}")
     for line in failed:
         print(f"WRONG, not timed: {line}")
     return 1 if failed else 0

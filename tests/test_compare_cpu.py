@@ -53,9 +53,48 @@ def test_ratios_are_to_the_faster_cublas_of_the_same_timing():
     assert compare.ratios({"cupy": 2.0, "k": 4.0})["k"] == pytest.approx(0.5)
 
 
-def test_format_table_shows_both_timings():
-    text = compare.format_table("=== t", {"cupy": 100e-6, "torch": 110e-6, "k": 95e-6},
-                                {"cupy": 100e-6, "torch": 100e-6, "k": 102e-6})
+POWER_CAP, POWER_BRAKE, GPU_IDLE = 0x4, 0x80, 0x1
+
+
+def _reading(mhz, watts, limiters):
+    return {"sm_mhz": mhz, "power_w": watts, "temp_c": 70, "limiters": limiters}
+
+
+def test_limiter_shares_name_the_known_limiters_only():
+    readings = [_reading(1300, 700, POWER_CAP), _reading(1290, 701, POWER_CAP | POWER_BRAKE),
+                _reading(1310, 699, POWER_CAP | GPU_IDLE), _reading(1320, 690, None)]
+    assert compare.limiter_shares(readings) == {"power cap": 1.0, "power brake": pytest.approx(1 / 3)}
+    assert compare.limiter_shares([_reading(1980, 300, 0)]) == {}
+    assert compare.limiter_shares([]) == {}
+
+
+def test_summarize_alone_medians_and_work_per_joule():
+    runs = [compare.AloneRun(1.0e-3, 0.70, [_reading(1300, 700, POWER_CAP)]),
+            compare.AloneRun(1.2e-3, 0.80, [_reading(1250, 690, POWER_CAP),
+                                            _reading(1350, 710, 0)]),
+            compare.AloneRun(1.1e-3, None, [])]
+    got = compare.summarize_alone(runs, flops=1.0e12)
+    assert got["seconds"] == pytest.approx(1.1e-3)
+    assert got["power_w"] == 700 and got["sm_mhz"] == 1300
+    assert got["gflop_per_j"] == pytest.approx(1.0e12 / 0.75 * 1e-9)   # the runs with a counter
+    assert got["limiters"] == {"power cap": pytest.approx(2 / 3)}
+    bare = compare.summarize_alone([compare.AloneRun(2e-3, None, [])], flops=1.0)
+    assert bare == {"seconds": 2e-3, "power_w": None, "sm_mhz": None, "gflop_per_j": None,
+                    "limiters": {}}
+
+
+def _alone(seconds, watts=None, mhz=None, gflop_per_j=None, limiters=None):
+    return {"seconds": seconds, "power_w": watts, "sm_mhz": mhz, "gflop_per_j": gflop_per_j,
+            "limiters": limiters or {}}
+
+
+def test_format_table_shows_both_timings_and_the_power_readings():
+    text = compare.format_table(
+        "=== t", {"cupy": 100e-6, "torch": 110e-6, "k": 95e-6},
+        {"cupy": _alone(100e-6), "torch": _alone(100e-6),
+         "k": _alone(102e-6, 699.6, 1305.0, 951.4, {"power cap": 1.0, "power brake": 0.25})})
     lines = text.splitlines()
     assert lines[0] == "=== t" and len(lines) == 6
-    assert lines[5].split() == ["k", "95.0", "1.053", "102.0", "0.980"]
+    assert lines[3].split() == ["cupy", "100.0", "1.000", "100.0", "1.000", "-", "-", "-", "-"]
+    assert lines[5].split() == ["k", "95.0", "1.053", "102.0", "0.980", "700", "1305", "951",
+                                "power", "cap", "100%,", "power", "brake", "25%"]
