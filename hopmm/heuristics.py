@@ -133,6 +133,21 @@ OVERLAP_WIDTHS = (192,)
 TALL_CLUSTER_MIN_GAIN = 1.03
 TALL_TILE = (TALL_BLOCK_M, PersistentClusterSchedule.tall_block_ns[0])
 
+# Aligned rows, long runs of 128 x 256 tiles: the same tile on the cluster kernel, whose pairs
+# of CTAs load each B tile once (a third less L2 -> SM traffic per k-block). The large shapes run
+# at the power limit, where a kernel's rate alone is its work per joule. Each alone for 0.6-1.0
+# s on an H100 (bench/NOTES.md v0.15, row-major A and B, x best cuBLAS, cluster - persistent):
+# +0.2 to +1.4 % on 17 of 18 runs and level on one, over 8192³, 6144³, 4096 x 28672 x 8192,
+# 8192 x 28672 x 4096, 4096 x 8192 x 28672, 4096 x 14336 x 4096 and 8192 x 4096 x 4096 (bf16
+# and fp16; 7.8-54 waves of tiles, 64-128 k-blocks a tile); -0.2 to -2.4 % on all 7 runs where
+# the tiles make at most 3.9 waves (4096³, 4096 x 4096 x 8192, 2048 x 8192 x 8192, 2048 x 2048
+# x 8192), and -0.3 % at 16 k-blocks a tile (8192 x 8192 x 1024). Interleaved in 30 ms timings
+# the cluster kernel read 0.3 % lower on average over the 18 (it does a little less work per
+# cycle and draws less power per cycle).
+CLUSTER_MIN_WAVES = 5.0
+CLUSTER_MIN_K_BLOCKS = 64
+CLUSTER_WIDTHS = (256,)
+
 # Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
 # of an L2 round trip): such a width is taken only where no width gets this many.
 FAST_STAGES = 3
@@ -319,6 +334,10 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         tall = _tall_cluster(problem, device, (cfg.block_m, cfg.block_n))
         if tall is not None:
             sched, cfg, why = tall
+        elif sched is PersistentSchedule:
+            paired = _paired_tiles(problem, device, cfg)
+            if paired is not None:
+                sched, cfg, why = paired[0], paired[1], f"{why}; {paired[2]}"
     group = _raster_group(problem, cfg.block_m)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
@@ -343,6 +362,29 @@ def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int]):
            f"than {shape[0]}x{shape[1]} tiles on the persistent kernels; clusters of "
            f"{sched.cluster_size} CTAs share each B tile")
     return sched, cfg, why
+
+
+def _paired_tiles(problem: Problem, device: DeviceInfo, cfg: KernelConfig):
+    """(schedule, config, why) of the cluster kernel on the persistent kernel's tile `cfg`
+    where CLUSTER_WIDTHS, CLUSTER_MIN_WAVES and CLUSTER_MIN_K_BLOCKS hold and the pairs take
+    no more tile-times than the tiles alone; else None."""
+    sched, shape = PersistentClusterSchedule, (cfg.block_m, cfg.block_n)
+    waves = _tiles(problem, *shape) / device.sm_count
+    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    if (cfg.block_n not in CLUSTER_WIDTHS or waves < CLUSTER_MIN_WAVES
+            or k_blocks < CLUSTER_MIN_K_BLOCKS):
+        return None
+    paired = sched.deepest(problem.dtype, cfg.block_n, problem.trans_a, problem.trans_b,
+                           device.smem_per_block_optin, cfg.block_m)
+    if paired is None or paired.stages < cfg.stages:
+        return None
+    if (_relative_time(sched, problem, device, shape, TILE_SPEED)
+            > _relative_time(PersistentSchedule, problem, device, shape, TILE_SPEED)):
+        return None
+    why = (f"{waves:.1f} waves of {k_blocks} k-blocks a tile: clusters of "
+           f"{sched.cluster_size} CTAs share each B tile and load it once (less L2 traffic, "
+           f"more work per joule at the power limit)")
+    return sched, paired, why
 
 
 def _raster_group(problem: Problem, block_m: int) -> int:

@@ -127,9 +127,11 @@ def test_cluster_walk_keeps_a_wave_compact():
     assert len({m for _, m, _ in wave}) == 16 and len({n for _, _, n in wave}) <= 9
 
 
-def test_heuristic_default_is_unclustered_and_cluster_is_selectable():
+def test_cluster_is_selectable_and_ranks_its_own_tiles():
     p = Problem(8192, 8192, 8192, 1, "bfloat16", "k", "n")
-    assert heuristics.choose(p, H100_SXM).schedule.name == "persistent"
+    # the default pairs 128 x 256 tiles (15.5 waves, heuristics.CLUSTER_MIN_WAVES); forced, the
+    # cluster schedule ranks its tiles by waves of clusters
+    assert heuristics.choose(p, H100_SXM).config.block_n == 256
     c = heuristics.choose(p, H100_SXM, "persistent_cluster")
     # 32 x 43 pairs of 128 x 192 tiles = 20.8 waves of 66 clusters (21 tile-times of 192)
     # against 32 x 32 pairs of 128 x 256 = 15.5 waves (16 of 256)

@@ -110,3 +110,26 @@ def test_aligned_rows_take_the_tall_cluster_tile_where_its_waves_are_fuller():
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     got = hopmm.matmul(a, b).astype(cupy.float32)
     assert float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)) < TOL["bfloat16"]
+
+
+@pytest.mark.parametrize("m,n,k,ta,tb,batch", [
+    (8320, 4096, 4096, False, False, ()),     # 65 M tiles: one cluster's spare CTA, unstored
+    (8320, 4096, 4096, True, True, ()),       # A M-major, B K-major (transposed views)
+    (4096, 5120, 4096, False, True, (2,)),    # a batch of two: 1280 tiles, 9.7 waves
+])
+def test_long_runs_of_256_wide_tiles_run_in_clusters(m, n, k, ta, tb, batch):
+    """heuristics.CLUSTER_MIN_WAVES: where 128 x 256 tiles make at least 5 waves of 64+
+    k-blocks, the default pairs them in clusters; the result is written whole (out= poisoned
+    with NaN) and right."""
+    import cupy
+
+    import hopmm
+    from forced import operands, rel_err
+
+    a, b = operands(m, n, k, "bfloat16", ta, tb, batch)
+    text = hopmm.explain(a, b)
+    assert "schedule: persistent_cluster\n" in text
+    assert "clusters of 2 CTAs share each B tile" in text and "128x256" in text
+    out = cupy.full(batch + (m, n), cupy.nan, dtype=a.dtype)
+    hopmm.matmul(a, b, out=out)
+    assert rel_err(out, a, b) < TOL["bfloat16"]
