@@ -15,14 +15,16 @@ each relative to the faster cuBLAS of the same timing.
 During the runs alone NVML is read every POWER_READING_S: the medians of the power draw and
 SM clock, the energy per call from NVML's energy counter (GFLOP/J), and the share of the
 readings at which each clock limiter (power cap, thermal, power brake...) was active. Where
-the power cap holds the clock, a kernel's rate alone is its work per joule.
+the power cap holds the clock, a kernel's rate alone is its work per joule. The counter is
+too coarse to rank kernels by (cupy.matmul and torch.matmul, one kernel, read up to 10 %
+apart over 1 s, bench/NOTES.md v0.15): the rates are the measure, GFLOP/J a cross-check.
 """
 from __future__ import annotations
 
 import argparse
+import statistics
 import sys
 from pathlib import Path
-import statistics
 from typing import NamedTuple
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

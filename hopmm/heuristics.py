@@ -142,8 +142,9 @@ TALL_TILE = (TALL_BLOCK_M, PersistentClusterSchedule.tall_block_ns[0])
 # and fp16; 7.8-54 waves of tiles, 64-128 k-blocks a tile); -0.2 to -2.4 % on all 7 runs where
 # the tiles make at most 3.9 waves (4096³, 4096 x 4096 x 8192, 2048 x 8192 x 8192, 2048 x 2048
 # x 8192), and -0.3 % at 16 k-blocks a tile (8192 x 8192 x 1024). Interleaved in 30 ms timings
-# the cluster kernel read 0.3 % lower on average over the 18 (it does a little less work per
-# cycle and draws less power per cycle).
+# it read 0.3 % lower on average over the 18, and 1.4 % lower in the bench's check run (it
+# does a little less work per cycle and draws less power per cycle; at the cap a workload's
+# time is its energy over the cap, which the runs alone measure).
 CLUSTER_MIN_WAVES = 5.0
 CLUSTER_MIN_K_BLOCKS = 64
 CLUSTER_WIDTHS = (256,)
@@ -337,7 +338,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
         elif sched is PersistentSchedule:
             paired = _paired_tiles(problem, device, cfg)
             if paired is not None:
-                sched, cfg, why = paired[0], paired[1], f"{why}; {paired[2]}"
+                sched, cfg, pairing = paired
+                why = f"{why}; {pairing}"
     group = _raster_group(problem, cfg.block_m)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
