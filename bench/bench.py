@@ -610,11 +610,11 @@ def sustained_rounds(ctx: Context, contestants: list[Contestant], per_launch_s: 
                      shape, seconds: float) -> dict:
     """Each contestant alone for about `seconds` of back-to-back launches (sized from its
     median launch time `per_launch_s`), SUSTAINED_ROUNDS rotated rounds; the medians."""
-    runs = {c.name: [] for c in contestants}
-    for r in range(SUSTAINED_ROUNDS):
-        for c in rotated(contestants, r):
-            launches = max(1, round(seconds / per_launch_s[c.name]))
-            runs[c.name].append(time_contestant(ctx, c, launches))
+    from hopmm.timing import sustained_runs
+
+    by_name = {c.name: c for c in contestants}
+    runs = sustained_runs({c.name: per_launch_s[c.name] for c in contestants}, seconds,
+                          SUSTAINED_ROUNDS, lambda name, n: time_contestant(ctx, by_name[name], n))
     tf = {name: tflops(*shape, statistics.median(ts)) for name, ts in runs.items()}
     return {"seconds": seconds, "rounds": SUSTAINED_ROUNDS, "tflops": tf,
             "per_launch_us": {name: [t * 1e6 for t in ts] for name, ts in runs.items()},

@@ -213,14 +213,15 @@ def run_alone(fn, inputs, launches: int, chunk: int, gpu) -> AloneRun:
 def alone_summaries(contestants: dict, inputs, per_call: dict, seconds: float, gpu,
                     flops: float, rounds: int) -> dict:
     """{name: summarize_alone(...)}: each contestant alone for about `seconds` per round, the
-    rounds rotated (as hopmm.timing.sustained_medians)."""
-    names = list(contestants)
-    runs = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            launches = max(len(inputs), round(seconds / per_call[name]))
-            chunk = max(1, round(POWER_READING_S / per_call[name]))
-            runs[name].append(run_alone(contestants[name], inputs, launches, chunk, gpu))
+    rounds rotated (hopmm.timing.sustained_runs)."""
+    from hopmm.timing import sustained_runs
+
+    def run(name, launches):
+        chunk = max(1, round(POWER_READING_S / per_call[name]))
+        return run_alone(contestants[name], inputs, launches, chunk, gpu)
+
+    runs = sustained_runs({name: per_call[name] for name in contestants}, seconds, rounds, run,
+                          min_launches=len(inputs))
     return {name: summarize_alone(rs, flops) for name, rs in runs.items()}
 
 

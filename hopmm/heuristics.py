@@ -372,7 +372,7 @@ def _paired_tiles(problem: Problem, device: DeviceInfo, cfg: KernelConfig):
     no more tile-times than the tiles alone; else None."""
     sched, shape = PersistentClusterSchedule, (cfg.block_m, cfg.block_n)
     waves = _tiles(problem, *shape) / device.sm_count
-    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    k_blocks = sched.k_blocks(problem, cfg)
     if (cfg.block_n not in CLUSTER_WIDTHS or waves < CLUSTER_MIN_WAVES
             or k_blocks < CLUSTER_MIN_K_BLOCKS):
         return None

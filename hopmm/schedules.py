@@ -195,6 +195,11 @@ class WarpSpecializedSchedule:
         return (1 + cfg.consumers) * WARPGROUP_THREADS
 
     @staticmethod
+    def k_blocks(problem: Problem, cfg: KernelConfig) -> int:
+        """k-blocks of one output tile's main loop (all of K; split-K divides them)."""
+        return -(-problem.k // cfg.block_k)
+
+    @staticmethod
     def tiles(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
         """(M tiles, N tiles) of one batch slice."""
         return -(-problem.m // cfg.block_m), -(-problem.n // cfg.block_n)
@@ -464,10 +469,6 @@ class SplitKSchedule(WarpSpecializedSchedule):
         return (f"the fp32 partial ({cfg.block_m}x{cfg.block_n}x{F32_BYTES} B) is staged in the "
                 f"epilogue's memory, which the 16-bit staging of the last split shares; "
                 f"operand stages not reused ({cfg.stages} stages fit beside it)")
-
-    @staticmethod
-    def k_blocks(problem: Problem, cfg: KernelConfig) -> int:
-        return -(-problem.k // cfg.block_k)
 
     @classmethod
     def max_splits(cls, problem: Problem, cfg: KernelConfig, batch_count: int,

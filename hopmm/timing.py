@@ -65,16 +65,26 @@ SUSTAINED_S = 0.3
 SUSTAINED_ROUNDS = 3
 
 
+def sustained_runs(per_call: dict, seconds: float, rounds: int, run, min_launches: int = 1) -> dict:
+    """{name: [run(name, launches) of each round]}: every name of `per_call` (its seconds per
+    call) alone once per round for about `seconds` of back-to-back calls (at least
+    `min_launches`), the rounds in rotated order (every name takes every place once)."""
+    names = list(per_call)
+    results = {name: [] for name in names}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            launches = max(min_launches, round(seconds / per_call[name]))
+            results[name].append(run(name, launches))
+    return results
+
+
 def sustained_medians(contestants: dict, inputs, per_call: dict, seconds: float | None = None,
                       rounds: int = SUSTAINED_ROUNDS) -> dict:
     """{name: median seconds per call}, each contestant alone for about `seconds` (default
     SUSTAINED_S) of back-to-back calls (sized from `per_call`, its seconds per call) per round,
-    in rotated order."""
-    seconds = SUSTAINED_S if seconds is None else seconds
-    names = list(contestants)
-    samples = {name: [] for name in names}
-    for r in range(rounds):
-        for name in names[r % len(names):] + names[:r % len(names)]:
-            launches = max(len(inputs), round(seconds / per_call[name]))
-            samples[name].append(time_per_call(contestants[name], inputs, launches))
-    return {name: statistics.median(v) for name, v in samples.items()}
+    at least one pass over the inputs, in rotated order (sustained_runs)."""
+    runs = sustained_runs({name: per_call[name] for name in contestants},
+                          SUSTAINED_S if seconds is None else seconds, rounds,
+                          lambda name, n: time_per_call(contestants[name], inputs, n),
+                          min_launches=len(inputs))
+    return {name: statistics.median(v) for name, v in runs.items()}

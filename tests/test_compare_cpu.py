@@ -98,3 +98,21 @@ def test_format_table_shows_both_timings_and_the_power_readings():
     assert lines[3].split() == ["cupy", "100.0", "1.000", "100.0", "1.000", "-", "-", "-", "-"]
     assert lines[5].split() == ["k", "95.0", "1.053", "102.0", "0.980", "700", "1305", "951",
                                 "power", "cap", "100%,", "power", "brake", "25%"]
+
+
+def test_alone_summaries_size_runs_and_readings_and_rotate(monkeypatch):
+    """Each contestant runs alone once per round (hopmm.timing.sustained_runs: rotated, at
+    least one pass over the inputs), with NVML read every POWER_READING_S of its calls."""
+    per_call = {"cupy": 2e-3, "k": 1e-3}
+    calls = []
+
+    def fake_run_alone(fn, inputs, launches, chunk, gpu):
+        calls.append((fn, launches, chunk))
+        return compare.AloneRun(per_call[fn], 0.5 * per_call[fn], [_reading(1300, 700, POWER_CAP)])
+
+    monkeypatch.setattr(compare, "run_alone", fake_run_alone)
+    got = compare.alone_summaries({n: n for n in per_call}, [0, 1, 2], per_call, 0.6, None,
+                                  flops=2e9, rounds=2)
+    assert calls == [("cupy", 300, 10), ("k", 600, 20), ("k", 600, 20), ("cupy", 300, 10)]
+    assert got["k"]["seconds"] == 1e-3 and got["k"]["gflop_per_j"] == pytest.approx(4000.0)
+    assert got["cupy"]["limiters"] == {"power cap": 1.0}
