@@ -1,16 +1,24 @@
 #!/usr/bin/env python3
 """Forced hopmm kernels against cuBLAS on one shape, timed two ways: interleaved in short
-timings (as bench.py's main columns) and each alone for a sustained run (as its sust/best).
+timings (as bench.py's main columns) and each alone for a sustained run (as its sust/best);
+and, with --bursts, a third: short bursts after the GPU has idled.
 
-    python bench/compare.py 6144x6144x6144 persistent/128x256/16 persistent_overlap/128x192/4
-                            [--dtype bf16] [--rounds 24] [--sustained-seconds 0.6]
+    python bench/compare.py 6144x6144x6144 hopmm persistent/128x256/16 persistent_overlap/128x192/4
+                            [--dtype bf16] [--rounds 24] [--sustained-seconds 0.6] [--bursts 12]
 
 A kernel is schedule/BMxBN/group: a schedule of hopmm.schedules.SCHEDULES, one of its tiles
-and the raster group (M-tiles per group). Each runs at the deepest stage count that fits,
-is checked against cupy.matmul into a NaN-poisoned result first, and is then timed beside
-cupy.matmul and torch.matmul (where torch imports) on rotating input sets larger than the
-L2. At the power limit the two timings differ (bench/NOTES.md v0.14); the table shows both,
-each relative to the faster cuBLAS of the same timing.
+and the raster group (M-tiles per group); `hopmm` is hopmm.matmul's own choice. Each forced
+kernel runs at the deepest stage count that fits. Every kernel is checked against
+cupy.matmul into a NaN-poisoned result first, and is then timed beside cupy.matmul and
+torch.matmul (where torch imports) on rotating input sets larger than the L2. At the power
+limit the timings differ (bench/NOTES.md v0.14); the table shows each relative to the
+faster cuBLAS of the same timing.
+
+A burst is BURST_S of back-to-back calls, timed after BURST_WARM_S of untimed ones, each
+contestant's after the GPU has idled for --burst-idle seconds (rounds in random orders). It
+measures the regime below the power cap, where the clock is not held by the power draw (the
+MHz column, read in the middle of each burst, shows whether it was): there a kernel's rate
+is its work per cycle at the clock the GPU runs.
 
 During the runs alone NVML is read every POWER_READING_S: the medians of the power draw and
 SM clock, the energy per call from NVML's energy counter (GFLOP/J), and the share of the
@@ -24,6 +32,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -36,6 +45,10 @@ DEFAULT_ROUNDS = 24           # interleaved rounds, each contestant ~20 ms
 DEFAULT_SUSTAINED_S = 0.6     # seconds alone per sustained round
 WARMUP_S = 5.0                # heat-up before timing: the power limit is the regime measured
 POWER_READING_S = 0.02        # launches enqueued between two NVML readings during a run alone
+BURST_S = 0.01                # timed calls of one burst
+BURST_WARM_S = 0.002          # untimed calls before them, while the clock comes up from idle
+DEFAULT_BURST_IDLE_S = 0.5    # the GPU idles this long before each burst
+DEFAULT_PATH = "hopmm"        # as a kernel: hopmm.matmul's own choice (autotune table or heuristic)
 
 
 # The kernels read A and B in place and store C in place, which TMA allows where every row
@@ -63,11 +76,13 @@ class KernelSpec(NamedTuple):
         return f"{self.schedule}/{self.tile[0]}x{self.tile[1]}/{self.group}"
 
 
-def parse_kernel(text: str) -> KernelSpec:
-    """schedule/BMxBN/group, checked against the schedule's tiles."""
+def parse_kernel(text: str) -> KernelSpec | str:
+    """schedule/BMxBN/group, checked against the schedule's tiles, or DEFAULT_PATH."""
     from hopmm.heuristics import SPLIT_K_SCHEDULES
     from hopmm.schedules import SCHEDULES
 
+    if text.strip() == DEFAULT_PATH:
+        return DEFAULT_PATH
     split_k_names = {s.name for s in SPLIT_K_SCHEDULES}
     parts = text.strip().split("/")
     if len(parts) != 3:
@@ -115,9 +130,10 @@ def limiter_shares(readings: list) -> dict:
             for bit, name in NVML_CLOCK_LIMITERS.items() if any(m & bit for m in masks)}
 
 
-def summarize_alone(runs: list, flops: float) -> dict:
-    """Medians over a contestant's runs alone: seconds per call, W, MHz, GFLOP/J, and the
-    share of readings each limiter was active."""
+def summarize_alone(runs: list, flops: float | None = None) -> dict:
+    """Medians over a contestant's runs alone: seconds per call, W, MHz, GFLOP/J (given the
+    flops of a call and runs with energy readings), and the share of readings each limiter
+    was active."""
     readings = [r for run in runs for r in run.readings]
 
     def median_of(key):
@@ -127,7 +143,7 @@ def summarize_alone(runs: list, flops: float) -> dict:
     joules = [run.joules for run in runs if run.joules]
     return {"seconds": statistics.median(run.seconds for run in runs),
             "power_w": median_of("power_w"), "sm_mhz": median_of("sm_mhz"),
-            "gflop_per_j": flops / statistics.median(joules) * 1e-9 if joules else None,
+            "gflop_per_j": flops / statistics.median(joules) * 1e-9 if joules and flops else None,
             "limiters": limiter_shares(readings)}
 
 
@@ -154,10 +170,7 @@ def format_table(title: str, interleaved: dict, alone: dict) -> str:
 
 
 def kernel_contestant(spec: KernelSpec, sets, device):
-    """A launcher of the forced kernel over the input sets (A, B, C), and its relative error
-    against cupy.matmul on the first set."""
-    import cupy
-
+    """A launcher of the forced kernel over the input sets (A, B, C)."""
     from hopmm import api, launch, layout
     from hopmm.heuristics import Choice
     from hopmm.schedules import SCHEDULES
@@ -176,11 +189,29 @@ def kernel_contestant(spec: KernelSpec, sets, device):
     def run(a, b, c):
         launch.launch_all(launches, a.data.ptr, b.data.ptr, c.data.ptr)
 
+    return run
+
+
+def default_contestant():
+    """hopmm.matmul, as a user calls it."""
+    import hopmm
+
+    def run(a, b, c):
+        hopmm.matmul(a, b, out=c)
+
+    return run
+
+
+def relative_error(run, sets) -> float:
+    """run's result on the first input set, written over a NaN-poisoned C, against
+    cupy.matmul in fp32 (NaN where a tile was not written)."""
+    import cupy
+
+    a, b, c = sets[0]
     c[...] = bench.poisoned(cupy, c.shape, c.dtype)
     run(a, b, c)
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
-    err = float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
-    return run, err
+    return float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
 
 
 def run_alone(fn, inputs, launches: int, chunk: int, gpu) -> AloneRun:
@@ -210,6 +241,58 @@ def run_alone(fn, inputs, launches: int, chunk: int, gpu) -> AloneRun:
     return AloneRun(seconds, joules, readings)
 
 
+def run_burst(fn, inputs, warm: int, launches: int, idle_s: float, gpu) -> AloneRun:
+    """After `idle_s` of an idle GPU, `warm` untimed calls, then `launches` calls timed by CUDA
+    events. Where `gpu` is not None NVML is read once, when the GPU has run half of the timed
+    calls (the rest are already queued, so it does not idle)."""
+    import cupy
+
+    time.sleep(idle_s)
+    start, half, stop = cupy.cuda.Event(), cupy.cuda.Event(), cupy.cuda.Event()
+    for i in range(warm):
+        fn(*inputs[i % len(inputs)])
+    start.record()
+    for i in range(launches):
+        fn(*inputs[(warm + i) % len(inputs)])
+        if i == (launches - 1) // 2:
+            half.record()
+    stop.record()
+    readings = []
+    if gpu:
+        half.synchronize()
+        readings.append({**gpu.read(), "limiters": gpu.clock_limiters()})
+    stop.synchronize()
+    return AloneRun(cupy.cuda.get_elapsed_time(start, stop) / 1e3 / launches, None, readings)
+
+
+def burst_summaries(contestants: dict, inputs, per_call: dict, idle_s: float, gpu,
+                    rounds: int) -> dict:
+    """{name: summarize_alone(...)} over `rounds` bursts of each contestant, every round in a
+    new random order (hopmm.timing.round_orders)."""
+    from hopmm.timing import round_orders
+
+    runs = {name: [] for name in contestants}
+    for order in round_orders(list(contestants), rounds):
+        for name in order:
+            warm = max(1, round(BURST_WARM_S / per_call[name]))
+            launches = max(len(inputs), round(BURST_S / per_call[name]))
+            runs[name].append(run_burst(contestants[name], inputs, warm, launches, idle_s, gpu))
+    return {name: summarize_alone(rs) for name, rs in runs.items()}
+
+
+def format_bursts(title: str, bursts: dict) -> str:
+    """Seconds per call of each contestant in bursts, its ratio to cuBLAS, and the NVML reading
+    in the bursts' middle (`bursts`: burst_summaries' dicts)."""
+    head = f"{'contestant':<36}{'us':>9}{'x best':>8}{'W':>6}{'MHz':>6}  clock limited by"
+    lines = [title, head, "-" * len(head)]
+    r = ratios({name: b["seconds"] for name, b in bursts.items()})
+    for name, b in bursts.items():
+        lines.append(f"{name:<36}{b['seconds'] * 1e6:>9.1f}{r[name]:>8.3f}"
+                     f"{bench._fmt(b['power_w'], '.0f'):>6}{bench._fmt(b['sm_mhz'], '.0f'):>6}"
+                     f"  {_limiters_cell(b['limiters'])}")
+    return "\n".join(lines)
+
+
 def alone_summaries(contestants: dict, inputs, per_call: dict, seconds: float, gpu,
                     flops: float, rounds: int) -> dict:
     """{name: summarize_alone(...)}: each contestant alone for about `seconds` per round, the
@@ -234,6 +317,10 @@ def main(argv=None) -> int:
     p.add_argument("--dtype", default="bf16", choices=sorted(DTYPE_ALIASES))
     p.add_argument("--rounds", type=int, default=DEFAULT_ROUNDS)
     p.add_argument("--sustained-seconds", type=float, default=DEFAULT_SUSTAINED_S)
+    p.add_argument("--bursts", type=int, default=0,
+                   help="bursts per contestant after the GPU idles (0: none)")
+    p.add_argument("--burst-idle", type=float, default=DEFAULT_BURST_IDLE_S,
+                   help="seconds the GPU idles before each burst")
     args = p.parse_args(argv)
 
     from hopmm.device import query
@@ -252,11 +339,15 @@ def main(argv=None) -> int:
     device = query(ctx.cupy.cuda.Device().id)
     failed = []
     for spec in args.kernels:
-        run, err = kernel_contestant(spec, sets, device)
+        if spec == DEFAULT_PATH:
+            label, run = DEFAULT_PATH, default_contestant()
+        else:
+            label, run = spec.label, kernel_contestant(spec, sets, device)
+        err = relative_error(run, sets)
         if not err <= REL_ERR_LIMITS[dtype]:  # NaN too: an unwritten tile
-            failed.append(f"{spec.label}: rel err {err:.2e}")
+            failed.append(f"{label}: rel err {err:.2e}")
             continue
-        contestants[spec.label] = run
+        contestants[label] = run
     interleaved = interleaved_medians(contestants, sets, args.rounds, WARMUP_S)
     alone = alone_summaries(contestants, sets, interleaved, args.sustained_seconds,
                             ctx.gpu_state, 2.0 * m * n * k, SUSTAINED_ROUNDS)
@@ -264,6 +355,12 @@ def main(argv=None) -> int:
              f"then each alone for {args.sustained_seconds} s x {SUSTAINED_ROUNDS} rotated "
              f"rounds")
     print(format_table(title, interleaved, alone))
+    if args.bursts > 0:
+        bursts = burst_summaries(contestants, sets, interleaved, args.burst_idle,
+                                 ctx.gpu_state, args.bursts)
+        print(format_bursts(f"--- {args.bursts} bursts of {BURST_S * 1e3:g} ms each (after "
+                            f"{BURST_WARM_S * 1e3:g} ms untimed), the GPU idle "
+                            f"{args.burst_idle} s before each, random orders", bursts))
     if ctx.gpu_state_note:
         print(f"note: NVML not read: {ctx.gpu_state_note}")
     for line in failed:

@@ -116,3 +116,46 @@ def test_alone_summaries_size_runs_and_readings_and_rotate(monkeypatch):
     assert calls == [("cupy", 300, 10), ("k", 600, 20), ("k", 600, 20), ("cupy", 300, 10)]
     assert got["k"]["seconds"] == 1e-3 and got["k"]["gflop_per_j"] == pytest.approx(4000.0)
     assert got["cupy"]["limiters"] == {"power cap": 1.0}
+
+
+def test_hopmm_stands_for_the_default_path():
+    assert compare.parse_kernel("hopmm") == compare.DEFAULT_PATH
+    assert compare.parse_kernel(" hopmm ") == compare.DEFAULT_PATH
+    with pytest.raises(ValueError, match="unknown schedule"):
+        compare.parse_kernel("hopmm/128x256/16")
+
+
+def test_burst_summaries_size_each_burst_and_shuffle_the_rounds(monkeypatch):
+    """Every contestant bursts once per round, after the same idle, its untimed and timed calls
+    sized from its time per call; the rounds run in hopmm.timing.round_orders' orders."""
+    from hopmm.timing import round_orders
+
+    per_call = {"cupy": 2e-3, "torch": 1e-3, "k": 1e-4}
+    calls = []
+
+    def fake_run_burst(fn, inputs, warm, launches, idle_s, gpu):
+        calls.append((fn, warm, launches, idle_s))
+        return compare.AloneRun(per_call[fn], None, [_reading(1980, 450, 0)])
+
+    monkeypatch.setattr(compare, "run_burst", fake_run_burst)
+    got = compare.burst_summaries({n: n for n in per_call}, [0, 1], per_call, 0.25, None,
+                                  rounds=3)
+    sizes = {"cupy": (1, 5, 0.25), "torch": (2, 10, 0.25), "k": (20, 100, 0.25)}
+    assert calls == [(n, *sizes[n]) for order in round_orders(list(per_call), 3) for n in order]
+    assert got["k"] == {"seconds": 1e-4, "power_w": 450, "sm_mhz": 1980, "gflop_per_j": None,
+                        "limiters": {}}
+    # at least one pass over the input sets, at least one untimed call
+    calls.clear()
+    compare.burst_summaries({"cupy": "cupy"}, list(range(8)), {"cupy": 1.0}, 0.0, None, 1)
+    assert calls == [("cupy", 1, 8, 0.0)]
+
+
+def test_format_bursts_shows_the_clock_of_each_contestant():
+    text = compare.format_bursts(
+        "--- b", {"cupy": _alone(100e-6, 520.0, 1980.0), "torch": _alone(98e-6),
+                  "k": _alone(95e-6, 610.4, 1965.0, limiters={"power cap": 0.5})})
+    lines = text.splitlines()
+    assert lines[0] == "--- b" and len(lines) == 6
+    assert lines[3].split() == ["cupy", "100.0", "0.980", "520", "1980", "-"]
+    assert lines[4].split() == ["torch", "98.0", "1.000", "-", "-", "-"]
+    assert lines[5].split() == ["k", "95.0", "1.032", "610", "1965", "power", "cap", "50%"]
