@@ -15,10 +15,10 @@ limit the timings differ (bench/NOTES.md v0.14); the table shows each relative t
 faster cuBLAS of the same timing.
 
 A burst is BURST_S of back-to-back calls, timed after BURST_WARM_S of untimed ones, each
-contestant's after the GPU has idled for --burst-idle seconds (rounds in random orders). It
-measures the regime below the power cap, where the clock is not held by the power draw (the
-MHz column, read in the middle of each burst, shows whether it was): there a kernel's rate
-is its work per cycle at the clock the GPU runs.
+contestant's after the GPU has idled for --burst-idle seconds (rounds in random orders): the
+regime of work that comes in bursts. NVML reads the top clock and no limiter in the middle
+of such bursts, yet a faster limit on power still acts there: on an H100 the same calls ran
+10-15 % faster on inputs of zeros than on normal ones (bench/NOTES.md v0.16).
 
 During the runs alone NVML is read every POWER_READING_S: the medians of the power draw and
 SM clock, the energy per call from NVML's energy counter (GFLOP/J), and the share of the
@@ -321,6 +321,8 @@ def main(argv=None) -> int:
     p.add_argument("--burst-idle", type=float, default=DEFAULT_BURST_IDLE_S,
                    help="seconds the GPU idles before each burst")
     args = p.parse_args(argv)
+    if args.bursts < 0 or args.burst_idle < 0:
+        p.error("--bursts and --burst-idle are at least 0")
 
     from hopmm.device import query
     from hopmm.timing import SUSTAINED_ROUNDS, interleaved_medians

@@ -159,3 +159,10 @@ def test_format_bursts_shows_the_clock_of_each_contestant():
     assert lines[3].split() == ["cupy", "100.0", "0.980", "520", "1980", "-"]
     assert lines[4].split() == ["torch", "98.0", "1.000", "-", "-", "-"]
     assert lines[5].split() == ["k", "95.0", "1.032", "610", "1965", "power", "cap", "50%"]
+
+
+@pytest.mark.parametrize("flag", [["--bursts", "-1"], ["--burst-idle", "-0.5"]])
+def test_cli_rejects_negative_bursts(flag, capsys):
+    with pytest.raises(SystemExit):
+        compare.main(["4096x4096x4096", "hopmm", *flag])
+    assert "at least 0" in capsys.readouterr().err
