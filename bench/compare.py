@@ -213,10 +213,11 @@ def relative_error(run, sets) -> float:
     return bench.rel_error(cupy, c, cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32)))
 
 
-def run_alone(fn, inputs, launches: int, chunk: int, gpu) -> AloneRun:
-    """`launches` back-to-back calls timed by CUDA events. Where `gpu` is not None, NVML is
-    read after every `chunk` calls, once the GPU has run the chunk before: one chunk stays
-    queued, so the GPU never idles, and the readings follow its progress."""
+def run_alone(fn, inputs, launches: int, chunk: int, gpu, first: int = 0) -> AloneRun:
+    """`launches` back-to-back calls timed by CUDA events, cycling through `inputs` from index
+    `first`. Where `gpu` is not None, NVML is read after every `chunk` calls, once the GPU has
+    run the chunk before: one chunk stays queued, so the GPU never idles, and the readings
+    follow its progress."""
     import cupy
 
     energy0 = gpu.energy_j() if gpu else None
@@ -224,7 +225,7 @@ def run_alone(fn, inputs, launches: int, chunk: int, gpu) -> AloneRun:
     readings, previous = [], None
     start.record()
     for i in range(launches):
-        fn(*inputs[i % len(inputs)])
+        fn(*inputs[(first + i) % len(inputs)])
         if gpu and (i + 1) % chunk == 0:
             done = cupy.cuda.Event()
             done.record()
@@ -241,27 +242,13 @@ def run_alone(fn, inputs, launches: int, chunk: int, gpu) -> AloneRun:
 
 
 def run_burst(fn, inputs, warm: int, launches: int, idle_s: float, gpu) -> AloneRun:
-    """After `idle_s` of an idle GPU, `warm` untimed calls, then `launches` calls timed by CUDA
-    events. Where `gpu` is not None NVML is read once, when the GPU has run half of the timed
-    calls (the rest are already queued, so it does not idle)."""
-    import cupy
-
+    """After `idle_s` of an idle GPU, `warm` untimed calls, then run_alone's `launches` timed
+    calls, the input sets' rotation going on; NVML is read once, when the GPU has run about
+    half of them (the rest already queued, so it does not idle)."""
     time.sleep(idle_s)
-    start, half, stop = cupy.cuda.Event(), cupy.cuda.Event(), cupy.cuda.Event()
     for i in range(warm):
         fn(*inputs[i % len(inputs)])
-    start.record()
-    for i in range(launches):
-        fn(*inputs[(warm + i) % len(inputs)])
-        if i == (launches - 1) // 2:
-            half.record()
-    stop.record()
-    readings = []
-    if gpu:
-        half.synchronize()
-        readings.append({**gpu.read(), "limiters": gpu.clock_limiters()})
-    stop.synchronize()
-    return AloneRun(cupy.cuda.get_elapsed_time(start, stop) / 1e3 / launches, None, readings)
+    return run_alone(fn, inputs, launches, max(1, launches // 2), gpu, first=warm)
 
 
 def burst_summaries(contestants: dict, inputs, per_call: dict, idle_s: float, gpu,

@@ -166,3 +166,23 @@ def test_cli_rejects_negative_bursts(flag, capsys):
     with pytest.raises(SystemExit):
         compare.main(["4096x4096x4096", "hopmm", *flag])
     assert "at least 0" in capsys.readouterr().err
+
+
+def test_run_burst_idles_warms_up_then_times_half_and_half(monkeypatch):
+    """The idle first, then `warm` untimed calls, then run_alone's timed calls going on with the
+    input rotation, with one NVML reading when about half of them have run."""
+    events = []
+    monkeypatch.setattr(compare.time, "sleep", lambda s: events.append(("idle", s)))
+
+    def fake_run_alone(fn, inputs, launches, chunk, gpu, first=0):
+        events.append(("timed", launches, chunk, first))
+        return compare.AloneRun(1e-3, None, [])
+
+    monkeypatch.setattr(compare, "run_alone", fake_run_alone)
+    got = compare.run_burst(lambda x: events.append(("call", x)), [(0,), (1,), (2,)], 4, 7, 0.5,
+                            None)
+    assert events == [("idle", 0.5), ("call", 0), ("call", 1), ("call", 2), ("call", 0),
+                      ("timed", 7, 3, 4)]
+    assert got.seconds == 1e-3
+    compare.run_burst(lambda x: None, [(0,)], 1, 1, 0.0, None)
+    assert events[-1] == ("timed", 1, 1, 1)

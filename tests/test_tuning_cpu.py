@@ -139,7 +139,6 @@ def test_split_candidates_where_tiles_leave_sms_idle():
     assert len(labels) == len(set(labels)) and "split_k_cluster 128x128 s5 g4 k8" in labels
 
 
-
 def test_sustained_finalists_are_the_fastest_of_large_problems():
     medians = {"slow": 3.0, "fast": 1.0, "mid": 2.0, "slower": 4.0}
     big = tuning.SUSTAINED_MIN_FLOPS
