@@ -8,10 +8,11 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, ELEM_BYTES, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
-                        KernelConfig, PersistentClusterOverlapSchedule,
+from .schedules import (BLOCK_M, ELEM_BYTES, MAX_CLUSTER_SPLITS, MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
+                        TMA_BOX_ELEMS, WGMMA_M, KernelConfig, PersistentClusterOverlapSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
-                        PersistentSchedule, SplitKClusterSchedule, SplitKSchedule)
+                        PersistentSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
+                        SplitKSchedule)
 
 # M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
 # rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
@@ -62,6 +63,45 @@ SPLIT_K_MIN_GAIN = 1.1
 # 1024 x 2048, 1024 x 512 x 2048, 512 x 512 x 2048), which the time model does not see.
 SPLIT_K_MIN_K_BLOCKS = 24
 SPLIT_K_MAX_SPLITS = 16
+# split_k_cluster adds its partials at once through distributed shared memory, no serial chain:
+# it paid down to splits of 8 k-blocks, and with this bound its model picked the fastest count
+# measured on 11 shapes of 16-64 tiles and 16-128 k-blocks (H100, bench/NOTES.md v0.17: e.g.
+# 512 x 512 x 2048 8.3 us on 4 splits against 12.0 unsplit, 300 x 1000 x 3000 13.3 against 23.5).
+CLUSTER_SPLIT_MIN_K_BLOCKS = 8
+# Split-K reduced in parallel (SplitKParallelSchedule): one hand-off per split instead of a
+# chain, so as many splits as the co-residency bound allows, each of at least
+# PARALLEL_MIN_K_BLOCKS k-blocks. Its model, fitted to 162 timings of 17 shapes with every
+# tile and split count (H100, bf16, bench/NOTES.md v0.17; predictions within 0.85-1.15 of the
+# measurement on most, and the chosen count within 5 % of the best on all but one):
+#   time(s) = max(ceil(k_blocks / s) * PARALLEL_KBLOCK_US[tile],  bytes of A, B and C /
+#                 PARALLEL_DRAM_TBPS)  +  PARALLEL_HANDOFF_US  +  s * PARALLEL_SPLIT_US
+# The k-block times are those of a CTA streaming alone (plus ZERO_ROW_US for each zero-filled
+# row of its worst tile); the DRAM rate is what the kernel's TMA loads of B reached on the
+# decode shapes (about 0.85 of a plain copy's).
+PARALLEL_MIN_K_BLOCKS = 4
+PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.18, (WGMMA_M, 256): 0.33, (BLOCK_M, 128): 0.30}
+PARALLEL_DRAM_TBPS = 2.6
+PARALLEL_HANDOFF_US = 5.0
+PARALLEL_SPLIT_US = 0.1
+# Rows of an A or B tile that TMA zero-fills past the problem's edge cost about as much time as
+# loaded ones: a k-block of 128 x 128 ran 0.30 us with none and 0.80 with 127 (1 x 8192 x 8192,
+# v0.17), so each adds this much to its tile's k-block time.
+ZERO_ROW_US = 0.004
+# Where the DRAM term binds, more splits cost the model little, but in the timings they ran
+# faster (64 x 2048 x 32768: 59.8 us on 2 splits, 52.9 on 8): the most splits within this
+# factor of the best estimate are taken.
+PARALLEL_FILL_SLACK = 1.03
+# 128-row tiles: split_k_parallel is weighed against the other split-K schedules only where it
+# takes more splits than a cluster holds; with no more, split_k_cluster's reduction through
+# distributed shared memory ran as fast or faster (v0.17: 1024 x 1024 x 4096 17.7 us against
+# 21.3, 512 x 512 x 16384 25.1 against 24.6).
+# Problems of at most this many rows run on split_k_parallel's 64-row tiles, split or not:
+# a 128-row tile computes as many rows again that are never stored, and TMA's zero-filled
+# rows past M cost as much time as loaded ones (bench/NOTES.md v0.17: 1 x 8192 x 8192 ran
+# 0.8 us per k-block of 128 x 128 tiles and 0.41 of 64 x 128 tiles loading 16 rows).
+SHORT_TILE_MAX_M = 64
+# The tile width the unsplit baseline of the split-K models is rated on.
+UNSPLIT_BLOCK_N = 128
 
 
 @dataclass(frozen=True)
@@ -204,7 +244,43 @@ def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int
     return max(waves * per_cta, dram, l2) + waves * reduce
 
 
-SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule)
+def zero_filled_rows(problem: Problem, cfg: KernelConfig) -> int:
+    """Rows of A and B tiles TMA zero-fills past the problem's edges in its worst tile (the
+    one at both edges): the A rows loaded past M and the B rows past N."""
+    a_rows = cfg.a_load_rows - problem.m % cfg.a_load_rows if problem.m % cfg.a_load_rows else 0
+    if cfg.a_rows is not None:
+        a_rows = max(0, cfg.a_rows - problem.m)
+    b_rows = cfg.block_n - problem.n % cfg.block_n if problem.n % cfg.block_n else 0
+    return a_rows + b_rows
+
+
+def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int],
+                                operand_bytes: int, zero_rows: int = 0) -> float:
+    """split_k_parallel's time model above, in microseconds; `operand_bytes` are those of
+    A, B and C once, `zero_rows` the zero-filled rows of the worst tile (zero_filled_rows)."""
+    kblock_us = PARALLEL_KBLOCK_US[tile] + zero_rows * ZERO_ROW_US
+    compute = -(-k_blocks // splits) * kblock_us
+    dram = operand_bytes / (PARALLEL_DRAM_TBPS * 1e6)
+    return max(compute, dram) + PARALLEL_HANDOFF_US + splits * PARALLEL_SPLIT_US
+
+
+SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)
+
+
+def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelConfig]:
+    """The tiles a split-K schedule may take for `problem`, with the deepest ring that fits:
+    128 x 128, or on split_k_parallel 64 x 128 and 64 x 256 for problems of at most
+    SHORT_TILE_MAX_M rows (loading no more rows of A than the problem has, in TRIMMED_A_ROWS
+    steps)."""
+    short = sched is SplitKParallelSchedule and problem.m <= SHORT_TILE_MAX_M
+    shapes = [t for t in sched.tile_shapes() if t[0] == WGMMA_M] if short else [(BLOCK_M, 128)]
+    out = []
+    for block_m, block_n in shapes:
+        cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                            device.smem_per_block_optin, block_m)
+        if cfg is not None:
+            out.append(sched.trimmed_config(cfg, problem.m) if short else cfg)
+    return out
 
 
 def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
@@ -216,10 +292,18 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
     batch_count = min(problem.batch, MAX_GRID_Z)
     bound = sched.max_splits(problem, cfg, batch_count, device.sm_count)
     k_blocks = sched.k_blocks(problem, cfg)
-    top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // SPLIT_K_MIN_K_BLOCKS)
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    stage = sched.stage_bytes(cfg)
     operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
+    if sched is SplitKParallelSchedule:
+        top = min(bound, k_blocks if forced else max(1, k_blocks // PARALLEL_MIN_K_BLOCKS))
+        total = operands + problem.m * problem.n * problem.batch * ELEM_BYTES
+        zero_rows = zero_filled_rows(problem, cfg)
+        return {s: parallel_split_estimate_us(k_blocks, s, (cfg.block_m, cfg.block_n), total,
+                                              zero_rows)
+                for s in range(1, top + 1)}
+    least = CLUSTER_SPLIT_MIN_K_BLOCKS if sched is SplitKClusterSchedule else SPLIT_K_MIN_K_BLOCKS
+    top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // least)
+    stage = sched.stage_bytes(cfg)
     out = {}
     for splits in range(2, top + 1):
         clusters = None
@@ -233,22 +317,42 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
     return out
 
 
-def _one_split_us(problem: Problem, cfg: KernelConfig) -> float:
-    """The model's time of the unsplit tile: what splitting must beat by SPLIT_K_MIN_GAIN."""
-    k_blocks = SplitKSchedule.k_blocks(problem, cfg)
+def _one_split_us(problem: Problem) -> float:
+    """The model's time of the unsplit 128 x 128 tile: what splitting must beat by
+    SPLIT_K_MIN_GAIN."""
+    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
     operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
-    return split_k_estimate_us(_tiles(problem, cfg.block_m, cfg.block_n), k_blocks, 1,
-                               SplitKSchedule.stage_bytes(cfg), operands)
+    stage = (BLOCK_M + UNSPLIT_BLOCK_N) * TMA_BOX_ELEMS * ELEM_BYTES
+    return split_k_estimate_us(_tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N), k_blocks, 1, stage,
+                               operands)
 
 
 def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
                 forced: bool) -> tuple[int, float | None]:
     """(splits, predicted us) of split_count; no prediction for 1 split."""
     estimates = _split_estimates(sched, problem, cfg, device, forced)
+    if sched is SplitKParallelSchedule:
+        # Its own model rates one split too; 64-row tiles (problems of few rows) run on it
+        # split or not.
+        one = estimates[1] if not forced else None
+        split = {s: t for s, t in estimates.items() if s > 1 or not forced}
+        if not split:
+            return 1, None
+        # 128-row tiles split only where that beats the unsplit tile (no hand-off) by
+        # SPLIT_K_MIN_GAIN.
+        if cfg.block_m == BLOCK_M and not forced and (
+                len(split) == 1 or (one - PARALLEL_HANDOFF_US - PARALLEL_SPLIT_US)
+                / min(t for s, t in split.items() if s > 1) < SPLIT_K_MIN_GAIN):
+            return 1, None
+        # More CTAs streaming draw more of the DRAM's bandwidth than the model's one rate says:
+        # the most splits within PARALLEL_FILL_SLACK of the best estimate.
+        fastest = min(split.values())
+        best = max(s for s in split if split[s] <= fastest * PARALLEL_FILL_SLACK)
+        return best, split[best]
     if not estimates:
         return 1, None
     best = min(estimates, key=lambda s: (estimates[s], s))
-    if forced or _one_split_us(problem, cfg) / estimates[best] >= SPLIT_K_MIN_GAIN:
+    if forced or _one_split_us(problem) / estimates[best] >= SPLIT_K_MIN_GAIN:
         return best, estimates[best]
     return 1, None
 
@@ -266,31 +370,41 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
                     forced: str | None) -> Choice | None:
     """Split-K where it pays: on the `forced` split-K schedule, or on whichever of them the
     model puts faster. None where no split pays (or the tile does not fit)."""
-    cfg = SplitKSchedule.deepest(problem.dtype, 128, problem.trans_a, problem.trans_b,
-                                 device.smem_per_block_optin)
-    if cfg is None:
-        return None
     picks = []
     for sched in SPLIT_K_SCHEDULES:
-        if forced in (None, sched.name):
+        if forced not in (None, sched.name):
+            continue
+        for cfg in split_configs(sched, problem, device):
             splits, estimate = _best_split(sched, problem, cfg, device, forced is not None)
-            if forced or splits >= 2:
-                picks.append((estimate or 0.0, sched, splits))
+            if forced or splits >= 2 or cfg.block_m == WGMMA_M:
+                picks.append((estimate or 0.0, sched, splits, cfg))
+    if forced is None:
+        picks = [p for p in picks if not (p[1] is SplitKParallelSchedule
+                                          and p[3].block_m == BLOCK_M
+                                          and p[2] <= MAX_CLUSTER_SPLITS)]
     if not picks:
         return None
-    estimate, sched, splits = min(picks, key=lambda p: p[0])
-    tiles = _tiles(problem, BLOCK_M, 128)
+    # Problems of few rows run on the 64-row tiles (SHORT_TILE_MAX_M) whatever the models of
+    # the 128-row split-K schedules say: those models do not see the rows past M.
+    if any(cfg.block_m == WGMMA_M for *_, cfg in picks):
+        picks = [p for p in picks if p[3].block_m == WGMMA_M]
+    estimate, sched, splits, cfg = min(picks, key=lambda p: (p[0], p[2]))
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     k_blocks = sched.k_blocks(problem, cfg)
-    if sched is SplitKClusterSchedule:
+    if sched is SplitKParallelSchedule:
+        how = ("each split stores its partial to its own workspace slot, then adds up its "
+               "share of the tile's rows over all of them, in split order"
+               + (f"; A tiles load {cfg.a_rows} rows" if cfg.a_rows else ""))
+    elif sched is SplitKClusterSchedule:
         clusters = device.clusters_at_once(splits)
         how = (f"reduced in order through distributed shared memory in clusters of {splits} "
                f"CTAs" + (f", {clusters} of which run at once" if clusters else ""))
     else:
         how = "reduced in order through an fp32 workspace"
-    why = (f"{sched.name}: {tiles} tiles of 128x128 for {device.sm_count} SMs, {k_blocks} "
-           f"k-blocks in {splits} splits ({k_blocks // splits}-{-(-k_blocks // splits)} "
-           f"k-blocks each, {how})"
-           + (f"; predicted {estimate:.1f} us" if splits > 1 else "")
+    why = (f"{sched.name}: {tiles} tiles of {cfg.block_m}x{cfg.block_n} for {device.sm_count} "
+           f"SMs, {k_blocks} k-blocks in {splits} splits ({k_blocks // splits}-"
+           f"{-(-k_blocks // splits)} k-blocks each, {how})"
+           + (f"; predicted {estimate:.1f} us" if estimate else "")
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
     return Choice(sched, cfg, why, _raster_group(problem, cfg.block_m), splits)

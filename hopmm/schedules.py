@@ -26,6 +26,8 @@ WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiate
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
 MIN_STAGES = 2
+# Rows of one 128-byte swizzle atom: TMA boxes of K-major tiles hold whole atoms.
+SWIZZLE_ATOM_ROWS = 8
 CLUSTER_PAIR = 2          # CTAs per thread-block cluster of the cluster schedule
 # The epilogue stages each consumer's part of the output tile box by box (64 rows x 64
 # columns, one TMA store each) through a ring of staging boxes (epilogue_tma_store.cuh).
@@ -52,6 +54,9 @@ class KernelConfig:
     block_k: int = TMA_BOX_ELEMS
     consumers: int = 2
     c_buffers: int = MIN_C_BUFFERS  # staging boxes per consumer in the epilogue's ring
+    # Rows of a K-major A tile loaded per stage (None: all block_m). Fewer where the problem
+    # has fewer rows: TMA then moves no zero-filled rows (tile_config.cuh, kARows).
+    a_rows: int | None = None
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -66,13 +71,25 @@ class KernelConfig:
             raise ValueError(f"at least {MIN_STAGES} pipeline stages, got {self.stages}")
         if self.c_buffers < 1:
             raise ValueError(f"at least one epilogue staging box, got {self.c_buffers}")
+        if self.a_rows is not None:
+            if self.trans_a:
+                raise ValueError("a_rows trims K-major A tiles only")
+            if not (0 < self.a_rows < self.block_m and self.a_rows % SWIZZLE_ATOM_ROWS == 0):
+                raise ValueError(f"a_rows must be a multiple of {SWIZZLE_ATOM_ROWS} below "
+                                 f"block_m = {self.block_m}, got {self.a_rows}")
+
+    @property
+    def a_load_rows(self) -> int:
+        """Rows of the A tile TMA loads per stage."""
+        return self.block_m if self.a_rows is None else self.a_rows
 
     @property
     def tag(self) -> str:
         layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
+        trim = "" if self.a_rows is None else f"_a{self.a_rows}"
         return (f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}"
-                f"_c{self.c_buffers}_{layout}")
+                f"_c{self.c_buffers}{trim}_{layout}")
 
 
 class WarpSpecializedSchedule:
@@ -114,6 +131,9 @@ class WarpSpecializedSchedule:
     # Whether the kernel runs in clusters shaped at launch (1 x splits x 1: split_k_cluster),
     # rather than none or the __cluster_dims__ of cluster_size.
     cluster_at_launch = False
+    # Whether the epilogue stores accumulator fragments (stmatrix) rather than rows it added
+    # up from fp32 partials (st.shared: the parallel and cluster split-K reductions).
+    fragment_epilogue = True
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -125,6 +145,11 @@ class WarpSpecializedSchedule:
     @staticmethod
     def stage_bytes(cfg: KernelConfig) -> int:
         return (cfg.block_m + cfg.block_n) * cfg.block_k * ELEM_BYTES
+
+    @staticmethod
+    def stage_load_bytes(cfg: KernelConfig) -> int:
+        """Bytes TMA brings into one stage: the A rows it loads and the B tile."""
+        return (cfg.a_load_rows + cfg.block_n) * cfg.block_k * ELEM_BYTES
 
     @classmethod
     def c_boxes(cls, cfg: KernelConfig) -> int:
@@ -175,8 +200,9 @@ class WarpSpecializedSchedule:
     @staticmethod
     def box_rows(cfg: KernelConfig) -> tuple[int, int]:
         """Rows (M for A, N for B) of one TMA box of a K-major A and a K-major B: the whole
-        tile, loaded in one box. (MN-major operands are read in 64 x 64 boxes.)"""
-        return cfg.block_m, cfg.block_n
+        tile (A: the rows it loads), in one box. (MN-major operands are read in 64 x 64
+        boxes.)"""
+        return cfg.a_load_rows, cfg.block_n
 
     @staticmethod
     def consumer_rows(cfg: KernelConfig) -> int:
@@ -231,7 +257,7 @@ class WarpSpecializedSchedule:
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
-            "kCBuffers": cfg.c_buffers,
+            "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
         }
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
@@ -534,6 +560,7 @@ class SplitKClusterSchedule(SplitKSchedule):
     extra_args = ""
     pointers = 0
     c_box_rows = CLUSTER_REDUCE_GROUP_ROWS
+    fragment_epilogue = False
     reduce_snippet = "split_k_cluster_reduce.cuh"
     split_bound = f"a cluster of at most {MAX_CLUSTER_SPLITS} CTAs and a k-block per split"
 
@@ -552,7 +579,64 @@ class SplitKClusterSchedule(SplitKSchedule):
         return max(1, min(MAX_CLUSTER_SPLITS, cls.k_blocks(problem, cfg)))
 
 
+# A-tile rows split_k_parallel's 64-row tiles may load instead of all 64: a problem of at most
+# that many rows moves no zero-filled rows through TMA (tile_config.cuh, kARows), which on an
+# H100 let 64 CTAs stream B at 40+ GB/s each instead of 27 (bench/NOTES.md v0.17).
+TRIMMED_A_ROWS = (16, 32)
+
+
+class SplitKParallelSchedule(SplitKSchedule):
+    """Split-K for few output tiles and a long K, with as many splits as the SMs allow: every
+    split TMA-stores its fp32 partial into its own workspace slot and arrives on the tile's
+    counter; once all have arrived, each split adds up its share of the tile's rows over all
+    the partials, in split order, and stores them (split_k_parallel_reduce.cuh). The same sums
+    as split_k and split_k_cluster, bitwise, with one hand-off instead of a chain and no
+    cluster-size bound. Tiles of 64 rows (one consumer warpgroup) for problems of few rows,
+    whose K-major A tiles may load only the TRIMMED_A_ROWS step that covers them."""
+
+    name = "split_k_parallel"
+    slots = dict(SplitKSchedule.slots, EPILOGUE="hopmm::SplitKParallelEpilogue")
+    reduce_snippet = "split_k_parallel_reduce.cuh"
+    c_box_rows = CLUSTER_REDUCE_GROUP_ROWS
+    fragment_epilogue = False
+    split_bound = "the co-residency bound (tiles x splits x batch <= SMs) and a k-block per split"
+
+    @classmethod
+    def tile_shapes(cls) -> list[tuple[int, int]]:
+        return [(WGMMA_M, 128), (WGMMA_M, 256), (BLOCK_M, 128)]
+
+    @classmethod
+    def smem_note(cls, cfg: KernelConfig) -> str:
+        return (f"the fp32 partial ({cfg.consumers * WGMMA_M}x{cfg.block_n}x{F32_BYTES} B) is "
+                f"staged in the epilogue's memory and stored to the split's workspace slot; "
+                f"the 16-bit rows it then reduces are staged there too; {cfg.stages} stages fit "
+                f"beside it")
+
+    @classmethod
+    def workspace_shape(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                        splits: int) -> tuple[int, int, int]:
+        """(slots, rows, columns): one slot of the output padded to whole tiles per batch slot
+        and split (even with one split: the reduction reads the partials from there)."""
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return (batch_count * splits, tiles_m * cfg.block_m, tiles_n * cfg.block_n)
+
+    @classmethod
+    def trimmed_config(cls, cfg: KernelConfig, rows: int) -> KernelConfig:
+        """`cfg` loading only the TRIMMED_A_ROWS step that covers `rows` rows of its A tiles,
+        where it can (64-row tiles of a K-major A); else `cfg` itself."""
+        if cfg.block_m != WGMMA_M or cfg.trans_a:
+            return cfg
+        steps = [r for r in TRIMMED_A_ROWS if r >= rows]
+        return replace(cfg, a_rows=steps[0]) if steps else cfg
+
+    @classmethod
+    def configs(cls, smem_limit: int) -> list[KernelConfig]:
+        base = super().configs(smem_limit)
+        return base + [trimmed for cfg in base for trimmed in
+                       {cls.trimmed_config(cfg, rows) for rows in TRIMMED_A_ROWS} - {cfg}]
+
+
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
                                  PersistentOverlapSchedule, PersistentClusterSchedule,
                                  PersistentClusterOverlapSchedule, PingPongSchedule,
-                                 SplitKSchedule, SplitKClusterSchedule)}
+                                 SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)}

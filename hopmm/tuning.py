@@ -18,10 +18,10 @@ from pathlib import Path
 
 from . import compile as compiler
 from .device import DeviceInfo
-from .heuristics import SPLIT_K_MAX_SPLITS, Choice
+from .heuristics import SPLIT_K_MAX_SPLITS, Choice, split_configs
 from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
-from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES
+from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, SplitKParallelSchedule
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
 # 16 is the heuristic's group (heuristics.RASTER_GROUP_M); the others are the alternatives timed.
@@ -33,6 +33,8 @@ SUSTAINED_FINALISTS = 3
 SUSTAINED_MIN_FLOPS = 2 * 2048**3
 # Split counts tried for the split-K schedule (those within its co-residency bound).
 SPLIT_COUNTS = (2, 4, 8, 16)
+# ... and for split_k_parallel, which takes any count the bound allows (and the bound itself).
+PARALLEL_SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
 
 
 @dataclass(frozen=True)
@@ -152,23 +154,31 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     cluster schedule walks its groups of M tiles pair by pair: same groups, same meaning.)"""
     out = []
     for sched in SCHEDULES.values():
-        for block_m, block_n in sched.tile_shapes():
-            cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
-                                device.smem_per_block_optin, block_m)
-            if cfg is None:
-                continue
-            tiles_m = -(-problem.m // block_m)
+        if sched is SplitKParallelSchedule:
+            configs = split_configs(sched, problem, device)
+        else:
+            configs = [sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                                     device.smem_per_block_optin, block_m)
+                       for block_m, block_n in sched.tile_shapes()]
+        for cfg in filter(None, configs):
+            tiles_m = -(-problem.m // cfg.block_m)
             groups = sorted({min(g, tiles_m) for g in RASTER_GROUPS})
             if not sched.split_k:
                 out.extend(Choice(sched, cfg, "autotune candidate", g) for g in groups)
                 continue
-            # Split-K gives idle SMs slices of K: with a tile for every SM there are none.
+            # Split-K gives idle SMs slices of K: with a tile for every SM there are none
+            # (but split_k_parallel's 64-row tiles, for problems of few rows, also run unsplit).
             batch_count = min(problem.batch, MAX_GRID_Z)
-            if tiles_m * -(-problem.n // block_n) * batch_count >= device.sm_count:
+            short = cfg.block_m < BLOCK_M
+            tiles = tiles_m * -(-problem.n // cfg.block_n) * batch_count
+            if tiles >= device.sm_count and not short:
                 continue
             bound = sched.max_splits(problem, cfg, batch_count, device.sm_count)
-            for splits in sorted({min(s, bound) for s in SPLIT_COUNTS
-                                  if s <= SPLIT_K_MAX_SPLITS} - {1}):
+            if sched is SplitKParallelSchedule:
+                counts = {min(s, bound) for s in PARALLEL_SPLIT_COUNTS + (bound,)}
+            else:
+                counts = {min(s, bound) for s in SPLIT_COUNTS if s <= SPLIT_K_MAX_SPLITS}
+            for splits in sorted(counts if short else counts - {1}):
                 out.extend(Choice(sched, cfg, "autotune candidate", g, splits) for g in groups)
     return out
 

@@ -81,8 +81,22 @@ def _memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream):
 
 
 _REAL_LOADED = launch._loaded
-_FAKE_KERNEL = types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=0),
-                                     max_dynamic_shared_size_bytes=0)
+# Stand-ins for loaded kernels: each kernel name gets its own handle, through which the
+# stand-in launch reads the operands' layout from the name's tag (e.g. ..._NN).
+_KERNEL_NAMES: dict = {}
+
+
+def _fake_loaded(cubin_path, name, smem_bytes, device_id):
+    handle = _KERNEL_NAMES.setdefault(name, len(_KERNEL_NAMES) + 1)
+    return types.SimpleNamespace(kernel=types.SimpleNamespace(ptr=handle),
+                                 max_dynamic_shared_size_bytes=smem_bytes)
+
+
+def _layout(function) -> tuple[bool, bool]:
+    """(A is K-major, B is N-major) of the kernel behind a stand-in handle."""
+    name = next(n for n, h in _KERNEL_NAMES.items() if h == function)
+    tag = name.rsplit("_", 1)[1]
+    return tag[0] == "N", tag[1] == "N"
 
 
 def _view(address, dims, strides, dtype):
@@ -104,6 +118,7 @@ class SimulatedLaunch:
     def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints,
                  pointers=0, programmatic=False, cluster=(1, 1, 1)):
         self.block_x, self.shared_mem_bytes = block_x, shared_mem_bytes
+        self.a_k_major, self.b_n_major = _layout(function)
         self.programmatic = programmatic
         self.cluster = tuple(cluster)
         self.templates = map_templates
@@ -116,6 +131,8 @@ class SimulatedLaunch:
         SimulatedLaunch.launches += 1
         SimulatedLaunch.last = self
         assert len(extra) == self.pointers + len(self.templates) - 3
+        if len(self.templates) == 4 and self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:
+            return self._split_k_parallel(stream, a_ptr, b_ptr, c_ptr, *extra)
         if len(self.templates) == 4:
             return self._split_k(stream, a_ptr, b_ptr, c_ptr, *extra)
         if self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:   # C's box: 8 rows
@@ -127,10 +144,8 @@ class SimulatedLaunch:
         dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
         a, b, c = (_view(p, d, s, dt) for p, d, s in
                    ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
-        # The box tells the layout, as in the kernel: a K-major A box spans block_m rows,
-        # an N-major B box is 64 x 64 (a K-major B box spans block_n rows).
-        a_k_major = a_box[1] == BLOCK_M
-        b_n_major = b_box[1] == TMA_BOX_ELEMS
+        a_k_major, b_n_major = self.a_k_major, self.b_n_major
+        assert a_box[1] == (BLOCK_M if a_k_major else TMA_BOX_ELEMS)
         n, m = c_dims[0], c_dims[1]
         assert self.tiles_m == -(-m // BLOCK_M) and self.k == (a_dims[0] if a_k_major else a_dims[1])
         for z in range(self.z0, self.z0 + self.count):
@@ -165,7 +180,7 @@ class SimulatedLaunch:
         dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
         a, b, c = (_view(p, d, s, dt) for p, d, s in
                    ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
-        a_k_major, b_n_major = a_box[1] == BLOCK_M, b_box[1] == TMA_BOX_ELEMS
+        a_k_major, b_n_major = self.a_k_major, self.b_n_major
         for z in range(self.z0, self.z0 + self.count):
             za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
             am = (a[za] if a_k_major else a[za].T).astype(np.float32)
@@ -174,6 +189,43 @@ class SimulatedLaunch:
             total = partials[0]
             for p in partials[1:]:
                 total = total + p
+            c[z] = total.astype(dt)
+
+    def _split_k_parallel(self, stream, a_ptr, b_ptr, c_ptr, w_map_ptr, w_ptr, sem_ptr):
+        """The parallel split-K kernel: split s of a tile stores its partial into workspace
+        slot (batch slot * splits + s), then the splits add all of them in split order; C is
+        stored in boxes of 8 rows; the counters are zero before and after."""
+        tiles, splits, count = self.grid
+        SimulatedLaunch.split_launches.append((self.grid, stream, w_ptr, sem_ptr))
+        assert tiles == self.tiles_m * self.tiles_n and count == self.count
+        assert tiles * splits * count <= device.H100_SXM.sm_count or splits == 1
+        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_), \
+            (w_type, w_dims, w_str, w_box, *_) = self.templates
+        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
+        a, b, c = (_view(p, d, s, dt) for p, d, s in
+                   ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
+        n, m = c_dims[0], c_dims[1]
+        consumers = self.block_x // 128 - 1
+        block_m = 64 * consumers
+        assert self.tiles_m == -(-m // block_m)
+        if self.a_k_major:   # a K-major A box holds the rows the kernel loads: at most block_m
+            assert a_box[1] <= block_m and a_box[1] % 8 == 0 and (a_box[1] == block_m or m <= a_box[1])
+        assert w_type == 7 and w_box == (32, 64, 1) and w_dims[2] == count * splits
+        assert w_dims[1] == self.tiles_m * block_m and w_map_ptr == w_ptr
+        ws = _view(w_ptr, w_dims, w_str, np.dtype(np.float32))
+        sems = _view(sem_ptr, (tiles * consumers, count, 1),
+                     (tiles * consumers * 4, tiles * consumers * 4 * count), np.dtype(np.uint32))
+        assert not sems.any(), "counters must be zero when a kernel starts"
+        for zl in range(self.count):
+            z = self.z0 + zl
+            za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
+            am = (a[za] if self.a_k_major else a[za].T).astype(np.float32)
+            bm = (b[zb] if self.b_n_major else b[zb].T).astype(np.float32)
+            for s, partial in enumerate(self._partials(am, bm, splits)):
+                ws[zl * splits + s, :m, :n] = partial
+            total = ws[zl * splits, :m, :n].copy()
+            for s in range(1, splits):
+                total = total + ws[zl * splits + s, :m, :n]
             c[z] = total.astype(dt)
 
     def _split_k(self, stream, a_ptr, b_ptr, c_ptr, w_map_ptr, w_ptr, sem_ptr):
@@ -188,7 +240,7 @@ class SimulatedLaunch:
         dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
         a, b, c = (_view(p, d, s, dt) for p, d, s in
                    ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
-        a_k_major, b_n_major = a_box[1] == BLOCK_M, b_box[1] == TMA_BOX_ELEMS
+        a_k_major, b_n_major = self.a_k_major, self.b_n_major
         n, m = c_dims[0], c_dims[1]
         assert (n, m) == (c.shape[2], c.shape[1])
         k_blocks = -(-self.k // 64)
@@ -252,7 +304,7 @@ def simulated_gpu(monkeypatch):
     monkeypatch.setattr(hopmm._tensormap, "DirectRepeat", SimulatedDirectRepeat)
     # Stand in for the loaded kernel without touching launch._loaded's cache: on a machine
     # with a GPU, a fake handle left there would be launched by the GPU tests that follow.
-    monkeypatch.setattr(launch, "_loaded", lambda *args: _FAKE_KERNEL)
+    monkeypatch.setattr(launch, "_loaded", _fake_loaded)
     fastpath.clear()
     workspace.clear()
     SimulatedLaunch.launches = 0
@@ -376,10 +428,10 @@ def test_repeat_calls_without_copies_run_one_direct_repeat(simulated_gpu, monkey
     without, is one DirectRepeat run that launches every chunk (two here) on its arrays."""
     monkeypatch.setattr(layout, "MAX_GRID_Z", 2)   # 3 batches: two launches per call
     planned = _count_plans(monkeypatch)
-    for _ in range(3):
-        a, b = rand((3, 64, 64)), rand((64, 128))
+    for _ in range(3):   # 130 rows: the persistent kernel (64 or fewer take split-K's tiles)
+        a, b = rand((3, 130, 64)), rand((64, 128))
         expect(a, b, hopmm.matmul(a, b))
-        out = fake(np.full((3, 64, 128), np.nan, dtype=BF16))
+        out = fake(np.full((3, 130, 128), np.nan, dtype=BF16))
         assert hopmm.matmul(a, b, out=out) is out
         expect(a, b, out)
     assert len(planned) == 2
@@ -393,11 +445,11 @@ def test_direct_repeat_declines_an_overlapping_out(simulated_gpu, monkeypatch, o
     """A recipe remembered with a separate out; then out lies over A (or over half of B):
     the DirectRepeat launches nothing, the full path computes aside and copies."""
     planned = _count_plans(monkeypatch)
-    a, b = rand((64, 64)), rand((64, 64))
-    hopmm.matmul(a, b, out=fake(np.empty((64, 64), BF16)))
-    buf = rand((96, 64))
-    a, b, out = ((buf[:64], rand((64, 64)), buf[:64]) if overlap == "out_is_a" else
-                 (rand((64, 64)), buf[:64], buf[32:]))
+    a, b = rand((130, 64)), rand((64, 64))   # 130 rows: the persistent kernel's launch
+    hopmm.matmul(a, b, out=fake(np.empty((130, 64), BF16)))
+    buf = rand((200, 64))
+    a, b, out = ((buf[:130], rand((64, 64)), buf[:130]) if overlap == "out_is_a" else
+                 (rand((130, 64)), buf[:64], buf[32:162]))
     a0, b0 = fake(a.copy()), fake(b.copy())
     before = SimulatedLaunch.launches
     assert hopmm.matmul(a, b, out=out) is out
@@ -596,3 +648,40 @@ def test_workspace_growth():
     assert workspace._grown(0, 10, 1 << 20) == 1 << 20
     assert workspace._grown(1 << 20, (1 << 20) + 1, 1 << 20) == 1 << 21
     assert workspace._grown(1 << 22, 5, 1 << 20) == 1 << 22
+
+
+@pytest.mark.parametrize("case", SPLIT_CASES, ids=list(SPLIT_CASES))
+def test_simulated_split_k_parallel(simulated_gpu, case):
+    """Forced split_k_parallel: a grid of (tiles, splits, batch) over the tiles its model takes
+    (64 rows for problems of at most 64), a workspace slot per split and batch slot (checked
+    by the stand-in kernel), C stored in boxes of 8 rows; explain names it."""
+    m, k, n, batch = SPLIT_CASES[case]
+    hopmm.use_schedule("split_k_parallel")
+    a, b = rand((batch, m, k)), rand((k, n))
+    text = hopmm.explain(a, b)
+    expect(a, b, hopmm.matmul(a, b))
+    (grid, _, _, _), = SimulatedLaunch.split_launches
+    choice = heuristics.choose(api._kernel_call(a, b, layout.matmul_shapes(
+        a.shape, b.shape)).problem, device.H100_SXM, "split_k_parallel")
+    tiles = -(-m // choice.config.block_m) * -(-n // choice.config.block_n)
+    assert grid == (tiles, choice.splits, batch)
+    assert choice.config.block_m == (64 if m <= 64 else 128)
+    assert "schedule: split_k_parallel" in text and "workspace slot" in text
+
+
+@pytest.mark.parametrize("m,k,n,batch,transposed", [
+    (1, 4096, 300, 1, False), (5, 700, 1000, 2, False), (16, 2048, 129, 1, True),
+    (30, 1000, 260, 1, False), (64, 3000, 640, 1, True)])
+def test_simulated_few_rows_take_the_parallel_split_k(simulated_gpu, m, k, n, batch,
+                                                      transposed):
+    """The default path for problems of few rows: split_k_parallel's 64-row tiles, K-major A
+    boxes of only the rows the problem has (16 or 32), M-major A in whole tiles."""
+    a = rand((batch, k, m)).transpose(0, 2, 1) if transposed else rand((batch, m, k))
+    b = rand((k, n))
+    expect(a, b, hopmm.matmul(a, b))
+    run = SimulatedLaunch.last
+    assert run.block_x == 256                 # one consumer warpgroup: 64-row tiles
+    a_box = run.templates[0][3]
+    expected = 64 if transposed or m > 32 else (16 if m <= 16 else 32)
+    assert a_box[1] == expected
+    assert "schedule: split_k_parallel" in hopmm.explain(a, b)

@@ -14,7 +14,8 @@ EDGE = [1, 17, 100, 1000, 1023, 4097]
 
 
 SCHEDULE_NAMES = ["warp_specialized", "persistent", "persistent_overlap", "persistent_cluster",
-                  "persistent_cluster_overlap", "pingpong", "split_k", "split_k_cluster"]
+                  "persistent_cluster_overlap", "pingpong", "split_k", "split_k_cluster",
+                  "split_k_parallel"]
 
 
 @pytest.fixture(autouse=True)
@@ -249,7 +250,8 @@ def test_fallback_visible_and_strict(monkeypatch):
 # 128-wide tiles only.
 EXPLAIN_4096_WIDTH = {"warp_specialized": 256, "persistent": 256, "persistent_overlap": 128,
                       "persistent_cluster": 256, "persistent_cluster_overlap": 128,
-                      "pingpong": 128, "split_k": 128, "split_k_cluster": 128}
+                      "pingpong": 128, "split_k": 128, "split_k_cluster": 128,
+                      "split_k_parallel": 128}
 
 
 def test_explain_kernel_path(schedule):

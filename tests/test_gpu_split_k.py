@@ -1,4 +1,4 @@
-"""GPU tier, split-K (the serial split_k and split_k_cluster): correctness against
+"""GPU tier, split-K (the serial split_k, split_k_cluster and split_k_parallel): correctness against
 cupy.matmul for explicit split counts (dividing the k-blocks or not, K not a multiple of 64,
 K shorter than splits x 64 is refused by the bound), batches and transposed / strided
 operands; bitwise identical results run to run, across two streams and between the two
@@ -46,7 +46,7 @@ def rel_err(got, a, b):
     return float(cupy.linalg.norm(got - r) / max(float(cupy.linalg.norm(r)), 1e-30))
 
 
-SPLIT_K = ["split_k", "split_k_cluster"]
+SPLIT_K = ["split_k", "split_k_cluster", "split_k_parallel"]
 CLUSTER_MAX = 8   # schedules.MAX_CLUSTER_SPLITS
 
 
@@ -85,7 +85,10 @@ def semaphores_zero():
 CASES = [(256, 256, 1024, 4), (1000, 1023, 4097, 2), (300, 260, 4097, 7),
          (128, 128, 4097, 16), (200, 136, 1000, 3), (64, 64, 100, 2), (128, 256, 640, 10),
          (512, 512, 16384, 8), (256, 256, 65536, 16), (128, 4096, 16384, 4), (17, 23, 777, 5),
-         (1, 8, 64, 1), (130, 70, 1000, 1)]
+         (1, 8, 64, 1), (130, 70, 1000, 1),
+         # split_k_parallel's 64-row tiles (M <= 64), loading 16 rows of A where M <= 16
+         (1, 8192, 8192, 2), (4, 1000, 4097, 3), (16, 300, 2000, 9), (17, 129, 999, 6),
+         (64, 2048, 4096, 4), (3, 40, 130, 3), (32, 5000, 1000, 2)]
 
 
 @pytest.mark.parametrize("schedule", SPLIT_K)
@@ -130,6 +133,50 @@ def test_split_k_strided_views_and_broadcast(schedule):
 # 256 clusters of 8, more than run at once (the clusters of later waves wait for SMs).
 SAME_SUMS = [(1000, 1023, 4097, 2), (300, 260, 4097, 7), (17, 23, 777, 5), (512, 512, 16384, 8),
              (2048, 2048, 4096, 8)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k,splits", [(1000, 1023, 4097, 2), (300, 260, 4097, 7),
+                                          (17, 23, 777, 5), (256, 256, 65536, 33),
+                                          (16, 4096, 8192, 4), (64, 1000, 3000, 16),
+                                          (30, 700, 3000, 12)])
+def test_parallel_reduction_is_bitwise_the_serial_one(m, n, k, splits, dtype):
+    """split_k_parallel adds the same partials in the same order as split_k: the same bits
+    (where split_k's tiles and bound allow the split count), every run."""
+    import cupy
+
+    from hopmm.device import query
+
+    a, b = rand((m, k), dtype), rand((k, n), dtype)
+    parallel, choice = run_split(a, b, splits, "split_k_parallel")
+    assert rel_err(parallel, a, b) < TOL[dtype]
+    assert semaphores_zero()
+    bits = parallel.view(cupy.uint16).copy()
+    sm_count = query(cupy.cuda.Device().id).sm_count
+    if -(-m // 128) * -(-n // 128) * splits <= sm_count:
+        serial, _ = run_split(a, b, splits, "split_k")
+        assert bool(cupy.array_equal(serial.view(cupy.uint16), bits))
+    for _ in range(5):
+        again, _ = run_split(a, b, splits, "split_k_parallel")
+        assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
+    assert semaphores_zero()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m", [1, 4, 16, 64])
+def test_decode_shapes_through_matmul(m, dtype):
+    """The default path on decode shapes (few rows, long N and K), into a poisoned out."""
+    import cupy
+
+    import hopmm
+
+    a, b = rand((m, 4096), dtype), rand((4096, 6144), dtype)
+    out = cupy.full((m, 6144), cupy.nan, dtype=dtype)
+    assert hopmm.matmul(a, b, out=out) is out
+    assert rel_err(out, a, b) < TOL[dtype]
+    again = hopmm.matmul(a, b)
+    assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))
+    assert semaphores_zero()
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])

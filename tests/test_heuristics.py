@@ -137,7 +137,9 @@ def test_default_schedule_is_persistent_with_overlapped_epilogues_on_192_wide_ti
 
 from hopmm.schedules import SplitKSchedule  # noqa: E402
 
-TARGETS = [(512, 512, 16384), (128, 4096, 16384), (256, 256, 65536), (64, 2048, 32768)]
+# Few tiles and a long K that split in no more CTAs than a cluster holds (the serial chain or
+# split_k_cluster); 256 x 256 x 65536 and 64 x 2048 x 32768 take split_k_parallel (below).
+TARGETS = [(512, 512, 16384), (128, 4096, 16384)]
 
 
 @pytest.mark.parametrize("m,n,k", TARGETS)
@@ -153,7 +155,7 @@ def test_few_tiles_and_long_k_take_split_k(m, n, k):
 
 def test_split_counts_of_the_target_shapes():
     # The time model's minima, which are the fastest counts measured on an H100.
-    assert [choose(m, n, k).splits for m, n, k in TARGETS] == [4, 2, 9, 4]
+    assert [choose(m, n, k).splits for m, n, k in TARGETS] == [4, 2]
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
@@ -231,13 +233,22 @@ def test_unknown_cluster_capacity_keeps_the_serial_split_k():
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
-    (512, 512, 16384, 6), (256, 256, 65536, 8), (512, 1024, 8192, 3), (1024, 1024, 4096, 2),
-    (128, 4096, 16384, 2)])
+    (512, 512, 16384, 6), (512, 1024, 8192, 3), (1024, 1024, 4096, 2), (128, 4096, 16384, 2),
+    # v0.17: down to splits of 8 k-blocks (CLUSTER_SPLIT_MIN_K_BLOCKS)
+    (1024, 512, 2048, 3), (512, 512, 2048, 4), (1024, 1024, 2048, 2), (300, 1000, 3000, 4),
+    (640, 1024, 3072, 2), (200, 2000, 2000, 3), (2048, 512, 2048, 2)])
 def test_known_capacity_takes_the_fastest_measured(m, n, k, splits):
-    """bench/NOTES.md v0.13: the fastest of 2-9 splits on either split-K schedule (on
-    128 x 4096 x 16384 the two schedules ran level on 2)."""
+    """bench/NOTES.md v0.13 and v0.17: the fastest count measured on split_k_cluster, which
+    ran ahead of split_k_parallel and the unsplit kernel on these (on 128 x 4096 x 16384 the
+    split-K schedules ran level on 2)."""
     c = choose(m, n, k, device=H100_CLUSTERS)
     assert (c.schedule, c.splits) == (SplitKClusterSchedule, splits)
+
+
+def test_a_split_of_too_few_k_blocks_is_not_taken():
+    # 1024 x 1024 x 1024: 2 splits of 8 k-blocks lost on both split-K schedules
+    assert choose(1024, 1024, 1024, device=H100_CLUSTERS).splits == 1
+    assert choose(512, 512, 1024, device=H100_CLUSTERS).splits == 1
 
 
 @pytest.mark.parametrize("m,n,k", TARGETS)
@@ -469,3 +480,79 @@ def test_pairing_keeps_the_tile_times():
     assert choose(8320, 8192, 8192).schedule.name == "persistent_cluster"
     assert choose(640, 33792, 8192).schedule.name == "persistent"
     assert choose(1152, 33792, 4096).schedule.name == "persistent"
+
+
+# ---- split-K reduced in parallel ------------------------------------------------------------
+
+from hopmm.schedules import SplitKParallelSchedule, TRIMMED_A_ROWS  # noqa: E402
+
+
+@pytest.mark.parametrize("device", [H100_SXM, H100_CLUSTERS], ids=["no-capacity", "capacity"])
+def test_more_splits_than_a_cluster_holds_run_in_parallel(device):
+    """256 x 256 x 65536 (4 tiles): v0.17 measured 34.6-36.8 us on 12-33 splits against 44 on
+    split_k_cluster's 8 and 59 on split_k's 9."""
+    c = choose(256, 256, 65536, device=device)
+    assert c.schedule is SplitKParallelSchedule and (c.config.block_m, c.config.block_n) == (128, 128)
+    assert 12 <= c.splits <= 33 and c.splits > MAX_CLUSTER_SPLITS
+    assert f"in {c.splits} splits" in c.reason and "workspace slot" in c.reason
+
+
+@pytest.mark.parametrize("m,rows", [(1, 16), (16, 16), (17, 32), (32, 32), (33, None), (64, None)])
+@pytest.mark.parametrize("device", [H100_SXM, H100_CLUSTERS], ids=["no-capacity", "capacity"])
+def test_few_rows_take_64_row_tiles_loading_only_their_rows(m, rows, device):
+    c = choose(m, 8192, 8192, device=device)
+    assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
+    assert c.config.a_rows == rows
+    assert -(-8192 // c.config.block_n) * c.splits <= device.sm_count
+
+
+def test_few_rows_of_an_m_major_a_load_whole_tiles():
+    c = choose(8, 8192, 8192, a_major="m")
+    assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
+    assert c.config.a_rows is None and c.config.trans_a
+
+
+@pytest.mark.parametrize("m,n,k,splits", [
+    (1, 4096, 4096, 4), (64, 4992, 5952, 3), (64, 2048, 32768, 8), (8, 2048, 16384, 8)])
+def test_few_rows_split_to_fill_the_sms(m, n, k, splits):
+    """v0.17: the counts within 2 % of the fastest measured (1 x 4096 x 4096: 17.6 us on 4
+    splits, 20.7 on 1; 64 x 2048 x 32768: 52.9 on 8, 59.8 on 2)."""
+    c = choose(m, n, k)
+    assert (c.schedule, c.config.block_m, c.splits) == (SplitKParallelSchedule, 64, splits)
+
+
+def test_few_rows_and_many_tiles_run_unsplit_on_64_row_tiles():
+    c = choose(16, 28672, 8192)       # 224 tiles of 64 x 128: more than the SMs
+    assert (c.schedule, c.config.block_m, c.splits) == (SplitKParallelSchedule, 64, 1)
+
+
+def test_parallel_model_terms():
+    est = heuristics.parallel_split_estimate_us
+    tile = (128, 128)
+    ops = (256 + 256) * 65536 * 2 + 256 * 256 * 2
+    # the k-blocks of a split, until the DRAM term binds; then each split costs a little
+    assert est(1024, 4, tile, ops) > est(1024, 8, tile, ops) > est(1024, 12, tile, ops)
+    assert est(1024, 33, tile, ops) > est(1024, 16, tile, ops)
+    # zero-filled rows slow each k-block
+    assert est(1024, 4, tile, ops, zero_rows=100) > est(1024, 4, tile, ops)
+
+
+def test_zero_filled_rows_of_the_worst_tile():
+    p = Problem(100, 3000, 3000, 1, "bfloat16")
+    cfg = SplitKParallelSchedule.deepest("bfloat16", 128, False, True, 232448)
+    assert heuristics.zero_filled_rows(p, cfg) == 28 + 72
+    short = SplitKParallelSchedule.deepest("bfloat16", 128, False, True, 232448, 64)
+    trimmed = SplitKParallelSchedule.trimmed_config(short, 5)
+    assert trimmed.a_rows == TRIMMED_A_ROWS[0]
+    assert heuristics.zero_filled_rows(Problem(5, 256, 64, 1, "bfloat16"), trimmed) == 11
+
+
+def test_forced_parallel_takes_any_count_the_bound_allows():
+    p = Problem(256, 256, 65536, 1, "bfloat16")
+    c = heuristics.choose(p, H100_SXM, "split_k_parallel")
+    assert c.schedule is SplitKParallelSchedule and c.splits >= 2
+    assert SplitKParallelSchedule.max_splits(p, c.config, 1, 132) == 33
+    with pytest.raises(ValueError, match="co-residency"):
+        SplitKParallelSchedule.grid(p, c.config, 1, 132, 34)
+    assert SplitKParallelSchedule.workspace_shape(p, c.config, 1, 33) == (33, 256, 256)
+    assert SplitKParallelSchedule.workspace_shape(p, c.config, 3, 1) == (3, 256, 256)

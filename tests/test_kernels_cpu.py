@@ -40,9 +40,9 @@ def test_sass(compiled):
     s = sass.summarize(kernel.cubin_path, tool)
     assert s.arch == "sm_90a"
     assert s.counts["hgmma"] > 0 and s.counts["tma_load"] > 0 and s.counts["tma_store"] > 0
-    # split_k_cluster stages rows it added up from the peers' partials (st.shared), not
+    # The split-K reductions stage rows they added up from fp32 partials (st.shared), not
     # accumulator fragments.
-    assert (s.counts["stmatrix"] > 0) != sched.cluster_at_launch
+    assert (s.counts["stmatrix"] > 0) == sched.fragment_epilogue
     assert s.counts["setmaxnreg"] == 2
     assert s.counts["local_memory"] == 0
 

@@ -14,6 +14,10 @@ __device__ __forceinline__ void st_shared_f32x2(u32 addr, float x, float y) {
     asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(x), "f"(y) : "memory");
 }
 
+__device__ __forceinline__ void st_shared_u32x2(u32 addr, u32 x, u32 y) {
+    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(x), "r"(y) : "memory");
+}
+
 template <class Cfg>
 struct PartialF32 {
     typedef TileShape<Cfg> S;

@@ -39,7 +39,7 @@ struct TmaProducer {
             // A fresh barrier's "previous phase" (parity 1) counts as complete, so the first
             // pass over the ring does not wait.
             mbar_wait(smem.empty_bar(s), phase ^ 1);
-            mbar_arrive_expect_tx(smem.full_bar(s), S::kStageBytes);
+            mbar_arrive_expect_tx(smem.full_bar(s), S::kStageLoadBytes);
             const int k0 = kb * S::kBlockK;
             load_operand<Cfg::kTransA, S::kBlockM>(smem.a_tile(s), map_a, smem.full_bar(s), m0, k0, za);
             load_operand<Cfg::kTransB, S::kBlockN>(smem.b_tile(s), map_b, smem.full_bar(s), n0, k0, zb);

@@ -26,10 +26,6 @@ namespace hopmm {
 // The most CTAs in a portable cluster: the most splits this epilogue reduces.
 constexpr int kMaxClusterSplits = 8;
 
-__device__ __forceinline__ void st_shared_u32x2(u32 addr, u32 x, u32 y) {
-    asm volatile("st.shared.v2.u32 [%0], {%1, %2};" ::"r"(addr), "r"(x), "r"(y) : "memory");
-}
-
 template <class Cfg>
 struct SplitKClusterEpilogue {
     typedef TileShape<Cfg> S;

@@ -75,6 +75,18 @@ struct TileShape {
     static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
     static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
     static constexpr u32 kStageBytes = kABytes + kBBytes;
+    // Rows of a K-major A tile that TMA loads per stage: all kBlockM, or fewer where the
+    // problem has fewer rows (decode: M <= 16). The rows past them keep whatever the stage
+    // held; each wgmma output row depends on its own A row only, so those rows of C are
+    // garbage that the store clips (they lie past M). Whole 8-row swizzle atoms.
+    static constexpr int kARows = Cfg::kARows;
+    static_assert(kARows % 8 == 0 && kARows > 0 && kARows <= kBlockM,
+                  "A loads whole 8-row swizzle atoms of the tile");
+    static_assert(kARows == kBlockM || !Cfg::kTransA,
+                  "an M-major A tile is loaded in 64-row boxes: trimming is for K-major A");
+    static_assert(kARows == kBlockM || kClusterSize == 1, "clusters load whole A tiles");
+    // The bytes the producer's TMA loads bring into one stage (its expect_tx).
+    static constexpr u32 kStageLoadBytes = kARows * kBlockK * kElemBytes + kBBytes;
     // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
     // rows x 128 bytes, between 1 and the consumer's whole part of the tile (kCBoxesPerConsumer).
     static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;
