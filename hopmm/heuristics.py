@@ -162,6 +162,10 @@ UNALIGNED_B_TILE_SPEED = {(BLOCK_M, 256): 1.05, (BLOCK_M, 192): 1.0, (BLOCK_M, 1
 # (16 k-blocks a tile), 700 against 688 at 8192³; 128 x 128 tiles gained nothing (608 against
 # 620, 640 against 652 at 4096³), and 128 x 256 tiles have no registers for a second set.
 OVERLAP_WIDTHS = (192,)
+# Tiles of fewer k-blocks than this stay on the persistent kernel: their main loop is too short
+# to hide the next epilogue behind, and the overlap kernel's slower main loop then costs more
+# than it hides (bench/NOTES.md v0.17: K of 128-640 ran 3-9 % faster on persistent 128 x 256).
+OVERLAP_MIN_K_BLOCKS = 16
 
 # Aligned rows: the cluster kernel's 192 x 192 tile where its waves are fuller than any 128-row
 # tile's. Measured on an H100 (bench/NOTES.md v0.11, bf16, two passes, x best cuBLAS): nine
@@ -433,12 +437,14 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
     # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
     # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    picked = _fastest_tile(sched, problem, device, OVERLAP_WIDTHS if schedule is None else ())
+    overlap_widths = (OVERLAP_WIDTHS if schedule is None
+                      and -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS else ())
+    picked = _fastest_tile(sched, problem, device, overlap_widths)
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
-    if schedule is None and cfg.block_n in OVERLAP_WIDTHS:
+    if cfg.block_n in overlap_widths:
         overlap = PersistentOverlapSchedule.deepest(problem.dtype, cfg.block_n, problem.trans_a,
                                                     problem.trans_b, device.smem_per_block_optin)
         if overlap is not None and overlap.stages == cfg.stages:

@@ -397,6 +397,18 @@ def test_aligned_rows_take_the_tall_cluster_tile_where_its_waves_are_fuller(m, n
     assert c.config.stages >= heuristics.FAST_STAGES and "fewer tile-times" in c.reason
 
 
+# Short K on an H100 (bench/NOTES.md v0.17, bf16, us): persistent 128 x 256 against
+# persistent_overlap 128 x 192 at 4096 x 4096 x 512 33.9 / 36.2, 8192 x 2048 x 640 39.3 / 43.1,
+# 2048 x 8192 x 128 15.6 / 16.7; 8192 x 8192 x 256 75.0 on persistent 128 x 192, 82.1 overlapped.
+@pytest.mark.parametrize("m,n,k", [(4096, 4096, 512), (8192, 2048, 640), (2048, 8192, 128),
+                                   (8192, 8192, 256)])
+def test_short_k_tiles_do_not_take_the_overlap_kernel(m, n, k):
+    assert -(-k // 64) < heuristics.OVERLAP_MIN_K_BLOCKS
+    c = choose(m, n, k)
+    assert c.schedule.name == "persistent"
+    assert "two accumulator sets" not in c.reason
+
+
 def test_tall_cluster_tile_reason_counts_its_waves():
     # 12 x 11 tiles of 192 x 192 = 66 pairs: one wave of 66 clusters, against 18 x 11 tiles of
     # 128 x 192 in two waves of 132 SMs on the overlap kernel: 2 x 24576 / (1.01 x 0.95) against
