@@ -674,7 +674,11 @@ def build_contestants(ctx: Context, sets: list[tuple], include_hopmm: bool) -> l
 
 
 def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int,
-              sustained_s: float = 0.0) -> dict:
+              sustained_s: float = 0.0, host_costs: bool = True) -> dict:
+    """One shape and dtype: checked, warmed up, timed. `host_costs` False skips host_us and
+    enqueue_us (thousands of calls per contestant). first_call_s is the wall clock of hopmm's
+    first call with its error check: it includes compiling any kernel not cached yet, which
+    the warm-up keeps out of every timing."""
     m, n, k = shape
     cp = ctx.cupy
     row = error_row(shape, dtype, None)
@@ -689,7 +693,9 @@ def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int,
     ref = cp.matmul(a, b)
     hopmm_runs = True
     try:
+        t0 = time.perf_counter()
         row["rel_err"] = check_hopmm(ctx, a, b, ref)
+        row["first_call_s"] = time.perf_counter() - t0
         row["ok"] = rel_err_ok(row["rel_err"], dtype)
         if not row["ok"]:
             row["error"] = f"rel_err {row['rel_err']:.3g} over limit {REL_ERR_LIMITS[dtype]:g}"
@@ -726,7 +732,7 @@ def run_shape(ctx: Context, shape, dtype: str, warmup_s: float, rounds: int,
     row.update(speed_ratios(row["tflops"]))
     if sustained_applies(shape, sustained_s):
         row["sustained"] = sustained_rounds(ctx, contestants, medians, shape, sustained_s)
-    if m * n * k <= HOST_US_MAX_MNK:
+    if host_costs and m * n * k <= HOST_US_MAX_MNK:
         row["host_us"] = {c.name: host_overhead_us(ctx, c) for c in contestants}
         row["enqueue_us"] = {c.name: enqueue_us(ctx, c) for c in contestants}
     return row
@@ -747,16 +753,17 @@ def _torch_flag(torch, name):
 OUT_ENV = "OUT"
 
 
-def command_line(argv: list[str]) -> str:
-    """The bench command as it is recorded in the results' metadata."""
-    words = [shlex.quote(a) for a in ["bench/bench.py", *argv]]
+def command_line(argv: list[str], script: str = "bench/bench.py") -> str:
+    """The command as it is recorded in the results' metadata."""
+    words = [shlex.quote(a) for a in [script, *argv]]
     out = os.environ.get(OUT_ENV, "").rstrip("/")
     if out:
         words = [w.replace(out, "$" + OUT_ENV) for w in words]
     return "python " + " ".join(words)
 
 
-def collect_metadata(ctx: Context, args, argv) -> dict:
+def device_metadata(ctx: Context, command: str) -> dict:
+    """The machine, the software and the command of a run (bench/sweep.py shares it)."""
     cp, torch = ctx.cupy, ctx.torch
     name = ctx.props["name"]
     name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
@@ -766,7 +773,7 @@ def collect_metadata(ctx: Context, args, argv) -> dict:
         "compute_capability": f"{ctx.props['major']}.{ctx.props['minor']}",
         "l2_bytes": ctx.l2_bytes,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
-        "command": command_line(sys.argv[1:] if argv is None else argv),
+        "command": command,
         "python": platform.python_version(),
         "cupy": cp.__version__,
         "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
@@ -774,6 +781,17 @@ def collect_metadata(ctx: Context, args, argv) -> dict:
         "hopmm": getattr(ctx.hopmm, "__version__", None),
         "torch": getattr(torch, "__version__", None),
         "torch_note": ctx.torch_note,
+    }
+    meta["gpu_state"] = (ctx.gpu_state.limits() if ctx.gpu_state
+                         else f"not read: {ctx.gpu_state_note}")
+    if torch is not None:  # these change which cuBLAS kernels torch may pick
+        meta["torch_matmul_flags"] = {f: _torch_flag(torch, f) for f in TORCH_MATMUL_FLAGS}
+    return meta
+
+
+def collect_metadata(ctx: Context, args, argv) -> dict:
+    meta = device_metadata(ctx, command_line(sys.argv[1:] if argv is None else argv))
+    meta.update({
         "settings": {"warmup_s": args.seconds_per_shape, "rounds": args.rounds,
                      "sustained_s": args.sustained_seconds,
                      "sustained_rounds": SUSTAINED_ROUNDS,
@@ -781,11 +799,7 @@ def collect_metadata(ctx: Context, args, argv) -> dict:
                      "target_timing_s": TARGET_TIMING_S, "host_calls": HOST_CALLS,
                      "enqueue_calls": ENQUEUE_CALLS, "enqueue_batches": ENQUEUE_BATCHES,
                      "seed": SEED, "outputs": "preallocated, out="},
-    }
-    meta["gpu_state"] = (ctx.gpu_state.limits() if ctx.gpu_state
-                         else f"not read: {ctx.gpu_state_note}")
-    if torch is not None:  # these change which cuBLAS kernels torch may pick
-        meta["torch_matmul_flags"] = {f: _torch_flag(torch, f) for f in TORCH_MATMUL_FLAGS}
+    })
     return meta
 
 

@@ -1,0 +1,137 @@
+"""The shapes of a sweep (bench/sweep.py): drawn from a seeded generator, classified, and
+given the floor that no GEMM of their size beats.  Pure Python: no GPU, no NumPy."""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+# Each of M, N and K is drawn log-uniform in [DIM_MIN, DIM_MAX]; draws whose product is below
+# the minimum or above the --max-gflop cap are drawn again.  Below 2 GFLOP a call is mostly
+# host-side overhead, which bench.py's host_us columns measure instead.
+DIM_MIN = 16
+DIM_MAX = 32768
+MIN_GFLOP = 2.0
+DEFAULT_MAX_GFLOP = 1100.0  # about 8192^3: a call stays under ~2 ms, a shape under ~2 s
+ROUND_TO = 64  # every other shape has all three extents rounded to a multiple of this
+MAX_DRAWS = 100_000  # a generous bound: a valid cap accepts a draw every few tries
+
+# The row pitch (bytes between the starts of consecutive rows) that TMA can address in
+# place; rows that start elsewhere make hopmm copy the operand first.
+ROW_ALIGN_BYTES = 16
+ELEMENT_BYTES = 2  # fp16 and bf16
+
+# The floor of a shape: the larger of its flops at the tensor rate reached in practice and
+# its bytes of A, B and C once at the device-to-device copy bandwidth (H100 SXM, FACTS.md).
+FLOOR_TFLOPS = 800.0
+FLOOR_TBPS = 3.0
+
+# Classes, tested in this order (a shape takes the first that fits), so that each names what
+# most limits a kernel on the shape.  Thresholds in elements.
+DECODE_MAX = 64          # M or N at most this: one wgmma-high strip of output, bound by B
+SHORT_K_MAX = 700        # K at most this: ~11 k-blocks, the prologue and epilogue dominate
+FEW_TILES_MAX = 300      # M or N at most this (K long): too few output tiles for the SMs
+NARROW_N_MAX = 1024      # N at most this with M and K at least LONG_MIN
+LONG_MIN = 2048
+# M x N at least this (about a wave of 128 x 256 output tiles on 132 SMs, or more) and K at
+# least LARGE_MIN_K: throughput-bound, where the last, partial wave costs most.
+LARGE_MIN_OUTPUT = 2048 * 2048
+LARGE_MIN_K = 1024
+CLASSES = {
+    "decode": f"M or N <= {DECODE_MAX}",
+    "short_k": f"K <= {SHORT_K_MAX}",
+    "few_tiles": f"M or N <= {FEW_TILES_MAX}, long K",
+    "narrow_n": f"N <= {NARROW_N_MAX}, M and K >= {LONG_MIN}",
+    "odd": f"an extent not a multiple of {ROUND_TO}",
+    "large": f"M x N >= 2048^2, K >= {LARGE_MIN_K}",
+    "other": "the rest",
+}
+
+
+@dataclass(frozen=True)
+class Shape:
+    index: int
+    m: int
+    n: int
+    k: int
+    dtype: str
+    rounded: bool  # drawn rounded to multiples of ROUND_TO
+
+    @property
+    def label(self) -> str:
+        return f"{self.m}x{self.n}x{self.k}"
+
+    @property
+    def flops(self) -> float:
+        return 2.0 * self.m * self.n * self.k
+
+    @property
+    def shape_class(self) -> str:
+        return classify(self.m, self.n, self.k)
+
+    @property
+    def floor_s(self) -> float:
+        return floor_seconds(self.m, self.n, self.k)
+
+
+def classify(m: int, n: int, k: int) -> str:
+    """The first class of CLASSES that fits M x N x K."""
+    if min(m, n) <= DECODE_MAX:
+        return "decode"
+    if k <= SHORT_K_MAX:
+        return "short_k"
+    if min(m, n) <= FEW_TILES_MAX:
+        return "few_tiles"
+    if n <= NARROW_N_MAX and m >= LONG_MIN and k >= LONG_MIN:
+        return "narrow_n"
+    if any(x % ROUND_TO for x in (m, n, k)):
+        return "odd"
+    if m * n >= LARGE_MIN_OUTPUT and k >= LARGE_MIN_K:
+        return "large"
+    return "other"
+
+
+def rows_aligned(n: int, k: int, element_bytes: int = ELEMENT_BYTES) -> bool:
+    """Whether every row of a row-major A (K wide), B and C (N wide) starts on a
+    ROW_ALIGN_BYTES boundary."""
+    return (k * element_bytes) % ROW_ALIGN_BYTES == 0 and (n * element_bytes) % ROW_ALIGN_BYTES == 0
+
+
+def floor_seconds(m: int, n: int, k: int, element_bytes: int = ELEMENT_BYTES) -> float:
+    """max(2MNK / FLOOR_TFLOPS, bytes of A, B and C once / FLOOR_TBPS)."""
+    compute = 2.0 * m * n * k / (FLOOR_TFLOPS * 1e12)
+    memory = (m * k + k * n + m * n) * element_bytes / (FLOOR_TBPS * 1e12)
+    return max(compute, memory)
+
+
+def _round_to(x: int, step: int = ROUND_TO) -> int:
+    return max(step, round(x / step) * step)
+
+
+def draw_shape(seed: int, index: int, dtypes, max_gflop: float = DEFAULT_MAX_GFLOP) -> Shape:
+    """Shape `index` of the sweep `seed`: a function of (seed, index, max_gflop) alone, so any
+    slice of a sweep (--start, --count) draws the same shapes as the whole.  Even indices are
+    rounded to multiples of ROUND_TO; the dtype cycles every two indices, so each dtype gets
+    rounded and unrounded shapes alike."""
+    if max_gflop < MIN_GFLOP:
+        raise ValueError(f"max_gflop must be at least {MIN_GFLOP}, got {max_gflop}")
+    if not dtypes:
+        raise ValueError("dtypes must name at least one dtype")
+    rng = random.Random(f"hopmm-sweep/{seed}/{index}")  # string seeds hash the same everywhere
+    rounded = index % 2 == 0
+    lo, hi = math.log(DIM_MIN), math.log(DIM_MAX)
+    for _ in range(MAX_DRAWS):
+        m, n, k = (round(math.exp(rng.uniform(lo, hi))) for _ in range(3))
+        if rounded:
+            m, n, k = _round_to(m), _round_to(n), _round_to(k)
+        if MIN_GFLOP <= 2.0 * m * n * k / 1e9 <= max_gflop:
+            return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+    raise ValueError(f"no shape between {MIN_GFLOP} and {max_gflop} GFLOP in {MAX_DRAWS} draws")
+
+
+def draw_shapes(seed: int, start: int, count: int, dtypes,
+                max_gflop: float = DEFAULT_MAX_GFLOP) -> list[Shape]:
+    """Shapes start .. start + count - 1 of the sweep `seed`."""
+    if start < 0 or count < 0:
+        raise ValueError(f"start and count must be >= 0, got start={start}, count={count}")
+    return [draw_shape(seed, i, dtypes, max_gflop) for i in range(start, start + count)]
