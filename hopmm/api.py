@@ -106,7 +106,8 @@ def plan(a, b, out=None) -> Plan:
         return Plan("zeros", "k = 0: every element is an empty sum", shapes, dtype)
 
     dev = device_mod.query(a.device.id)
-    reason = _unsupported_reason(a, b, out, dev) or _too_large_reason(shapes)
+    reason = (_unsupported_reason(a, b, out, dev) or _too_large_reason(shapes)
+              or _copy_route_reason(a, b, out, shapes))
     if reason:
         return Plan("cupy.matmul", reason, shapes, dtype)
     return Plan("kernel", f"{a.dtype.name} on {dev.name} (sm_90)", shapes, dtype)
@@ -122,6 +123,28 @@ def _unsupported_reason(a, b, out, dev: device_mod.DeviceInfo) -> str | None:
         cc = "%d.%d" % dev.compute_capability
         return f"{dev.name} is compute capability {cc}; hopmm's kernels need Hopper (9.0)"
     return None
+
+
+def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes) -> str | None:
+    """heuristics.copy_route_reason for the aligned copies this call would make, unless a
+    schedule is forced or HOPMM_STRICT asks for hopmm's kernels."""
+    if _schedule_override or os.environ.get(STRICT_ENV, "") not in ("", "0"):
+        return None
+    copied = 0
+    for x, is_vector, axis in ((a, shapes.a_is_vector, 0), (b, shapes.b_is_vector, 1)):
+        x2 = _as_matrix_stack(x, is_vector, axis)
+        if layout.tma_major(x2.shape[-2:], x2.strides[-2:], x.itemsize, x.data.ptr) is None:
+            copied += x.nbytes
+    # The result goes through an aligned buffer where _run_kernel cannot store it directly.
+    n_bytes = shapes.n * a.itemsize
+    if out is None:
+        direct = n_bytes % layout.TMA_ALIGN == 0
+    else:
+        direct = out.flags.c_contiguous and layout.store_ok(
+            (shapes.m, shapes.n), (n_bytes, a.itemsize), a.itemsize, out.data.ptr)
+    if not direct:
+        copied += shapes.batch * shapes.m * n_bytes
+    return heuristics.copy_route_reason(shapes.m, shapes.n, shapes.k, shapes.batch, copied)
 
 
 def _too_large_reason(shapes: layout.MatmulShapes) -> str | None:

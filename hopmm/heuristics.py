@@ -414,6 +414,30 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     return Choice(sched, cfg, why, _raster_group(problem, cfg.block_m), splits)
 
 
+# Operands TMA cannot read in place (rows not a multiple of 16 bytes) are copied into aligned
+# buffers first, two bytes of traffic per byte; cuBLAS reads them in place. Where that copy at
+# COPY_TBPS takes longer than COPY_ROUTE_RATIO times the product's compute floor at
+# FLOOR_TFLOPS (at least MIN_CALL_US, below which launches set the pace), the copy alone
+# outlasts cuBLAS's whole call and the call goes to cupy.matmul (bench/NOTES.md v0.17: every
+# such shape of sweep seed 1 ran 0.26-0.96 x cuBLAS on copies).
+COPY_TBPS = 3.0
+FLOOR_TFLOPS = 800.0
+COPY_ROUTE_RATIO = 4.0
+MIN_CALL_US = 2.5
+
+
+def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> str | None:
+    """Why a call whose aligned copies move `copied_bytes` goes to cupy.matmul, or None."""
+    copy_us = 2 * copied_bytes / (COPY_TBPS * 1e6)
+    compute_us = max(2 * m * n * k * batch / (FLOOR_TFLOPS * 1e6), MIN_CALL_US)
+    if copied_bytes == 0 or copy_us <= COPY_ROUTE_RATIO * compute_us:
+        return None
+    return (f"rows not a multiple of 16 bytes: the aligned copies hopmm's kernels need move "
+            f"{copied_bytes / 1e6:.1f} MB ({copy_us:.1f} us at {COPY_TBPS} TB/s), more than "
+            f"{COPY_ROUTE_RATIO:g}x the product's compute floor ({compute_us:.1f} us); "
+            f"cuBLAS reads such rows in place")
+
+
 @functools.lru_cache(maxsize=4096)
 def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) -> Choice:
     split_k_names = [s.name for s in SPLIT_K_SCHEDULES]

@@ -568,3 +568,19 @@ def test_forced_parallel_takes_any_count_the_bound_allows():
         SplitKParallelSchedule.grid(p, c.config, 1, 132, 34)
     assert SplitKParallelSchedule.workspace_shape(p, c.config, 1, 33) == (33, 256, 256)
     assert SplitKParallelSchedule.workspace_shape(p, c.config, 3, 1) == (3, 256, 256)
+
+
+# Sweep seed 1 on an H100 (bench/NOTES.md v0.17, x best cuBLAS with aligned copies of A, B, C).
+@pytest.mark.parametrize("m,n,k,copied,routed", [
+    (7481, 18, 29922, 7481 * 29922 * 2 + 29922 * 18 * 2 + 7481 * 18 * 2, True),   # 0.26
+    (16030, 2389, 29, (16030 * 29 + 29 * 2389 + 16030 * 2389) * 2, True),         # 0.30
+    (100, 4209, 6449, (100 * 6449 + 6449 * 4209 + 100 * 4209) * 2, True),         # 0.44
+    (2984, 4320, 3549, 2984 * 3549 * 2, False),   # compute-bound: the copy is a small share
+    (17, 5, 23, (17 * 23 + 23 * 5 + 17 * 5) * 2, False),   # tiny: launches set the pace
+    (4096, 4096, 4096, 0, False),
+])
+def test_calls_whose_aligned_copies_outlast_cublas_go_to_cupy(m, n, k, copied, routed):
+    reason = heuristics.copy_route_reason(m, n, k, 1, copied)
+    assert (reason is not None) == routed
+    if routed:
+        assert "cuBLAS reads such rows in place" in reason and "MB" in reason
