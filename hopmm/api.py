@@ -8,7 +8,7 @@ import os
 from dataclasses import dataclass, field
 
 from . import device as device_mod
-from . import fastpath, heuristics, launch, layout, tuning
+from . import fastpath, heuristics, interop, launch, layout, tuning, validation
 from .problem import KERNEL_DTYPES, LINE_BYTES, Problem
 
 STRICT_ENV = "HOPMM_STRICT"
@@ -61,45 +61,18 @@ if os.environ.get(SCHEDULE_ENV):
     use_schedule(os.environ[SCHEDULE_ENV])
 
 
-def _is_cupy_array(x) -> bool:
-    import cupy
-
-    return isinstance(x, cupy.ndarray)
-
-
-def _check_types(a, b, out) -> None:
-    for name, x in (("a", a), ("b", b)):
-        if isinstance(x, (int, float, complex)):
-            raise ValueError(f"hopmm.matmul: scalar operand {name} is not allowed, use '*' instead")
-        if not _is_cupy_array(x):
-            raise TypeError(f"hopmm.matmul: operand {name} must be a cupy.ndarray, got "
-                            f"{type(x).__module__}.{type(x).__qualname__} (use cupy.asarray "
-                            f"to move it to the GPU)")
-    if out is not None and not _is_cupy_array(out):
-        raise TypeError(f"hopmm.matmul: out must be a cupy.ndarray, got {type(out).__qualname__}")
+def _check_devices(a, b, out) -> None:
     devices = {x.device.id for x in (a, b, out) if x is not None}
     if len(devices) > 1:
         raise ValueError(f"hopmm.matmul: operands are on different devices {sorted(devices)}")
 
 
+@interop.accepts_torch
 def plan(a, b, out=None) -> Plan:
     """Validates a call as cupy.matmul would and decides how it runs (no GPU work)."""
-    import cupy
-    import numpy
-
-    _check_types(a, b, out)
-    shapes = layout.matmul_shapes(a.shape, b.shape)
-    try:
-        dtype = cupy.result_type(a.dtype, b.dtype)
-    except TypeError as exc:  # e.g. bfloat16 with float16: NumPy knows no common type
-        raise TypeError(f"hopmm.matmul: no common dtype for {a.dtype} and {b.dtype}") from exc
-    if out is not None:
-        if out.shape != shapes.out_shape:
-            raise ValueError(f"hopmm.matmul: out has shape {out.shape}, the result has shape "
-                             f"{shapes.out_shape}")
-        if not numpy.can_cast(dtype, out.dtype, casting="same_kind"):
-            raise TypeError(f"hopmm.matmul: cannot cast the result dtype {dtype} to out's "
-                            f"dtype {out.dtype} (casting='same_kind')")
+    checked = validation.check(a, b, out)
+    shapes, dtype = checked.shapes, checked.dtype
+    _check_devices(a, b, out)
     if 0 in (shapes.m, shapes.n, shapes.batch):
         return Plan("empty", "the result has no elements", shapes, dtype)
     if shapes.k == 0:
@@ -187,6 +160,10 @@ def matmul(a, b, out=None):
     result, k = fastpath.repeat(a, b, out)
     if result is not None:
         return result
+    # The fast path declines anything but cupy arrays (k is None): torch tensors are taken
+    # here, after it, so that a plain cupy call pays nothing for them.
+    if k is None and interop.has_tensor((a, b, out)):
+        return interop.call_with_tensors(matmul, (a, b, out), {})
     import cupy
 
     p = plan(a, b, out)
@@ -270,6 +247,7 @@ def _overlap(x, y) -> bool:
                            layout.byte_bounds(y.data.ptr, y.shape, y.strides, y.itemsize))
 
 
+@interop.accepts_torch
 def explain(a, b, out=None) -> str:
     """Which path `matmul(a, b, out)` takes, with which schedule and config, and why."""
     p = plan(a, b, out)

@@ -14,9 +14,13 @@ def test_non_cupy_inputs_are_type_errors(a, b):
         hopmm.explain(a, b)
 
 
-def test_python_scalars_are_value_errors():
-    with pytest.raises(ValueError, match="scalar"):
-        hopmm.matmul(2.0, np.ones((2, 2)))
+@pytest.mark.parametrize("scalar", [2.0, 3, 1j, True], ids=["float", "int", "complex", "bool"])
+def test_python_scalars_are_type_errors_like_cupy(scalar):
+    """cupy.matmul's core routine takes cupy arrays only: a Python number is a TypeError."""
+    with pytest.raises(TypeError, match="scalar"):
+        hopmm.matmul(scalar, np.ones((2, 2)))
+    with pytest.raises(TypeError, match="operand a"):   # the first operand is checked first
+        hopmm.matmul(np.ones((2, 2)), scalar)
 
 
 def test_main_job_cpu_report_lists_every_kernel(capsys):

@@ -1,0 +1,127 @@
+"""torch.Tensor arguments for hopmm's public functions, zero-copy through DLPack.
+
+A call given CUDA torch tensors runs on cupy views of the same memory (`cupy.from_dlpack`:
+strides, offsets and dtype, bfloat16 included, are kept), on the current torch stream of their
+device (a cupy ExternalStream of it, so the kernels are queued where the caller's torch work
+is), and answers in torch: a new cupy result comes back as a torch view of it
+(`torch.from_dlpack`), an argument the function wrote and returned (`out=`) as the caller's own
+tensor. Every array-valued argument is converted, positional or keyword, so functions with more
+array arguments compose with the same wrapper.
+
+torch stays optional: hopmm never imports it. A torch tensor can only exist once torch has been
+imported, so `sys.modules` says whether there is anything to look for.
+
+Decisions:
+- torch tensors and cupy arrays mixed in one call are refused (TypeError): which type the
+  result should have, and which stream the call should run on, would be a guess.
+- CPU tensors are refused (TypeError naming the argument), like numpy arrays are.
+- A tensor that requires grad while grad mode is on is refused (ValueError): hopmm has no
+  backward, and a result silently cut from the autograd graph would train wrong. Under
+  `torch.no_grad()` or `torch.inference_mode()` such tensors are read through `.detach()`.
+"""
+from __future__ import annotations
+
+import functools
+import sys
+
+# cupy ExternalStream wrappers kept per (device, stream pointer): a process uses a handful of
+# torch streams, and a wrapper costs a few microseconds to make. Past this many the cache is
+# dropped rather than grown (streams are created and destroyed by some programs).
+MAX_STREAMS = 64
+_streams: dict = {}
+
+
+def _tensor_type():
+    torch = sys.modules.get("torch")
+    return None if torch is None else torch.Tensor
+
+
+def has_tensor(values) -> bool:
+    """Whether any of `values` is a torch.Tensor (False, cheaply, when torch is not loaded)."""
+    tensor = _tensor_type()
+    return tensor is not None and any(isinstance(x, tensor) for x in values)
+
+
+def accepts_torch(func):
+    """`func` taking cupy arrays, made to take torch tensors as well (see the module)."""
+    @functools.wraps(func)
+    def wrapper(*args, **kwargs):
+        if has_tensor(args) or has_tensor(kwargs.values()):
+            return call_with_tensors(func, args, kwargs)
+        return func(*args, **kwargs)
+
+    return wrapper
+
+
+def _positional_names(func, count: int) -> list[str]:
+    code = func.__code__
+    names = list(code.co_varnames[:code.co_argcount])
+    return names[:count] + [f"argument {i}" for i in range(len(names), count)]
+
+
+def call_with_tensors(func, args: tuple, kwargs: dict):
+    """func(*args, **kwargs) with every torch tensor replaced by a cupy view of it, run on
+    the tensors' current torch stream; cupy arrays in the result come back as torch tensors."""
+    import cupy
+
+    torch = sys.modules["torch"]
+    fname = f"hopmm.{func.__name__}"
+    named = list(zip(_positional_names(func, len(args)), args)) + list(kwargs.items())
+    tensors = [(name, x) for name, x in named if isinstance(x, torch.Tensor)]
+    for name, x in named:
+        if isinstance(x, cupy.ndarray):
+            raise TypeError(f"{fname}: {name} is a cupy.ndarray but {tensors[0][0]} is a "
+                            f"torch.Tensor; mixed torch and cupy arguments are refused: pass "
+                            f"all of them as torch tensors or all as cupy arrays "
+                            f"(torch.from_dlpack / cupy.from_dlpack convert without a copy)")
+    grad = torch.is_grad_enabled()
+    for name, x in tensors:
+        if grad and x.requires_grad:
+            raise ValueError(f"{fname}: {name} requires grad, and hopmm has no backward: call "
+                             f"it under torch.no_grad() or pass {name}.detach()")
+        if x.device.type != "cuda":
+            raise TypeError(f"{fname}: {name} is a torch tensor on {x.device}; hopmm runs on "
+                            f"CUDA tensors: move it there with {name}.cuda()")
+    devices = {x.device.index for _, x in tensors}
+    if len(devices) > 1:
+        where = ", ".join(f"{name} on cuda:{x.device.index}" for name, x in tensors)
+        raise ValueError(f"{fname}: tensors are on different devices ({where})")
+    device = devices.pop()
+    with cupy.cuda.Device(device), _external_stream(torch, cupy, device):
+        views = {}   # id of a cupy view -> the tensor it views
+
+        def to_cupy(x):
+            if not isinstance(x, torch.Tensor):
+                return x
+            view = cupy.from_dlpack(x.detach() if x.requires_grad else x)
+            views[id(view)] = x
+            return view
+
+        cupy_args = [to_cupy(x) for x in args]
+        cupy_kwargs = {name: to_cupy(x) for name, x in kwargs.items()}
+        result = func(*cupy_args, **cupy_kwargs)
+        return _to_torch(result, views, torch, cupy)
+
+
+def _external_stream(torch, cupy, device: int):
+    """The cupy stream object of the current torch stream on `device`."""
+    ptr = torch.cuda.current_stream(device).cuda_stream
+    key = (device, ptr)
+    stream = _streams.get(key)
+    if stream is None:
+        if len(_streams) >= MAX_STREAMS:
+            _streams.clear()
+        stream = _streams[key] = cupy.cuda.ExternalStream(ptr, device)
+    return stream
+
+
+def _to_torch(result, views: dict, torch, cupy):
+    """cupy arrays in `result` (itself, or the items of a list or tuple) as torch tensors: the
+    caller's own tensor where the function returned the view of one (out=), else a torch view
+    of the new array."""
+    if isinstance(result, cupy.ndarray):
+        original = views.get(id(result))
+        return original if original is not None else torch.from_dlpack(result)
+    if isinstance(result, (list, tuple)):
+        return type(result)(_to_torch(x, views, torch, cupy) for x in result)
+    return result
