@@ -87,3 +87,21 @@ def test_byte_bounds(shape, strides, expected):
 
     assert layout.byte_bounds(0, shape, strides, 2) == expected
 
+
+
+def test_none_operand_is_a_type_error():
+    """(cupy.matmul(None, x) crashes CuPy 14's typed core routine; hopmm refuses it.)"""
+    with pytest.raises(TypeError, match="operand a must be a cupy.ndarray, got NoneType"):
+        hopmm.matmul(None, np.ones((2, 2)))
+
+
+@pytest.mark.parametrize("operand,error", [(2.0, AttributeError), ([[1.0]], AttributeError),
+                                           (np.float16(2), TypeError),
+                                           (np.ones((2, 2), np.float16), TypeError)],
+                         ids=["float", "list", "numpy_scalar", "numpy_array"])
+def test_bad_operands_with_out_raise_what_cupys_gufunc_path_raises(operand, error):
+    """With an out, cupy.matmul's gufunc path reads each operand's dtype first (a Python
+    number or list has none), then refuses an out that is not a cupy array (here a numpy
+    one) before it looks at dimensions (tests/test_fuzz_cpu.py has the cupy-out cases)."""
+    with pytest.raises(error):
+        hopmm.matmul(operand, np.ones((2, 2), np.float16), out=np.ones((2, 2)))
