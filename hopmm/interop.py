@@ -93,7 +93,7 @@ def call_with_tensors(func, args: tuple, kwargs: dict):
         def to_cupy(x):
             if not isinstance(x, torch.Tensor):
                 return x
-            view = cupy.from_dlpack(x.detach() if x.requires_grad else x)
+            view = tensor_to_cupy(x.detach() if x.requires_grad else x, torch, cupy)
             views[id(view)] = x
             return view
 
@@ -101,6 +101,40 @@ def call_with_tensors(func, args: tuple, kwargs: dict):
         cupy_kwargs = {name: to_cupy(x) for name, x in kwargs.items()}
         result = func(*cupy_args, **cupy_kwargs)
         return _to_torch(result, views, torch, cupy)
+
+
+def tensor_to_cupy(x, torch, cupy):
+    """The cupy view of CUDA tensor x, of its dtype (bfloat16 through an int16 view where a
+    DLPack exchange does not carry bfloat16)."""
+    if x.dtype == torch.bfloat16:
+        try:
+            view = cupy.from_dlpack(x)
+            if view.dtype.name == "bfloat16":
+                return view
+        except (TypeError, ValueError, BufferError):
+            pass
+        return cupy.from_dlpack(x.view(torch.int16)).view(_bfloat16())
+    return cupy.from_dlpack(x)
+
+
+def cupy_to_tensor(x, torch, cupy):
+    """The torch view of cupy array x, of its dtype (bfloat16 as in tensor_to_cupy)."""
+    if x.dtype.name == "bfloat16":
+        try:
+            t = torch.from_dlpack(x)
+            if t.dtype == torch.bfloat16:
+                return t
+        except (TypeError, ValueError, BufferError, RuntimeError):
+            pass
+        return torch.from_dlpack(x.view(cupy.int16)).view(torch.bfloat16)
+    return torch.from_dlpack(x)
+
+
+def _bfloat16():
+    """NumPy's bfloat16 (ml_dtypes', as CuPy uses)."""
+    import ml_dtypes
+
+    return ml_dtypes.bfloat16
 
 
 def _external_stream(torch, cupy, device: int):
@@ -121,7 +155,7 @@ def _to_torch(result, views: dict, torch, cupy):
     of the new array."""
     if isinstance(result, cupy.ndarray):
         original = views.get(id(result))
-        return original if original is not None else torch.from_dlpack(result)
+        return original if original is not None else cupy_to_tensor(result, torch, cupy)
     if isinstance(result, (list, tuple)):
         return type(result)(_to_torch(x, views, torch, cupy) for x in result)
     return result
