@@ -144,7 +144,8 @@ def case(seed: int, index: int, max_dim: int = 300, torch: bool = False) -> Case
         elif kind == "batch":
             a, b = _pair(m, k, n, dtype, (2, 3), (3, 3))
         else:
-            a, b = (OperandSpec((), dtype), b) if rng.random() < 0.5 else (a, OperandSpec((), dtype))
+            zero_d = OperandSpec((), dtype)
+            a, b = (zero_d, b) if rng.random() < 0.5 else (a, zero_d)
         out = rng.choice((None, "fresh"))
     elif category == "dtype":
         pair = rng.choice((("float16", "float32"), ("bfloat16", "float32"),

@@ -173,3 +173,67 @@ def test_host_cupy_arrays_have_the_specs_layout(host_cupy):
     assert x.shape == (2, 3, 5) and x.strides[0] == 0
     assert x.strides[1] == 3 * 2 and x.strides[2] == -2 * 9 * 2
     assert x.data.ptr % 16 != 0 or x.strides[2] < 0
+
+
+def _numpy_as_cupy():
+    """numpy in the place of cupy for bench/fuzz.py's harness (its one CUDA call a no-op)."""
+    shim = types.SimpleNamespace(**{name: getattr(np, name) for name in dir(np)
+                                    if not name.startswith("_")})
+    shim.cuda = types.SimpleNamespace(
+        get_current_stream=lambda: types.SimpleNamespace(synchronize=lambda: None))
+    return shim
+
+
+def _numpy_maker():
+    rng = np.random.default_rng(0)
+    return fuzz_cases.ArrayMaker(
+        lambda n, dtype: rng.standard_normal(n).astype(_dtype(dtype)), _numpy_as_cupy(), np)
+
+
+def _harness():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / "fuzz.py"
+    spec = importlib.util.spec_from_file_location("fuzz_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("flaw", [None, "scaled", "value_error", "writes_out_then_raises"])
+def test_gpu_fuzzer_harness_finds_what_it_must(flaw):
+    """bench/fuzz.py's per-case comparison, with numpy standing in for cupy and a stand-in
+    for hopmm: numpy itself agrees with itself on every case, and each planted flaw (a wrong
+    value, another exception type, out written before a raise) is reported as a mismatch."""
+    bench_fuzz = _harness()
+
+    def matmul(a, b, out=None):
+        if flaw == "writes_out_then_raises" and isinstance(out, np.ndarray) and out.size:
+            out.reshape(-1)[:1] = 7   # (a view: out's first element)
+            raise ValueError("planted")
+        # (numpy gives a scalar for vector @ vector where cupy gives a 0-d array)
+        result = np.asarray(np.matmul(a, b)) if out is None else np.matmul(a, b, out=out)
+        if flaw == "scaled" and isinstance(result, np.ndarray) and result.size:
+            result = result * 2
+        return result
+
+    def matmul_value_errors(a, b, out=None):
+        try:
+            return matmul(a, b, out)
+        except Exception as exc:
+            raise ValueError(str(exc)) from exc
+
+    fake = types.SimpleNamespace(matmul=matmul_value_errors if flaw == "value_error" else matmul)
+    maker = _numpy_maker()
+    outcomes = {}
+    for c in fuzz_cases.cases(SEED, 120, MAX_DIM):
+        if "bfloat16" in {getattr(x, "dtype", None) for x in (c.a, c.b)}:
+            continue   # numpy has no bfloat16 matmul
+        outcome, detail = bench_fuzz.run_cupy_case(c, maker, fake)
+        outcomes.setdefault(outcome, []).append((c, detail))
+    if flaw is None:
+        assert "mismatch" not in outcomes, outcomes.get("mismatch")[:3]
+        assert {"same result", "same error"} <= set(outcomes)
+    else:
+        assert "mismatch" in outcomes
