@@ -93,11 +93,12 @@ def _batches(rng: random.Random) -> tuple[tuple, tuple]:
     return a[rng.randint(0, len(a)):] if rng.random() < 0.3 else a, b
 
 
-def case(seed: int, index: int, max_dim: int = 300, torch: bool = False) -> Case:
-    """Case `index` of the run seeded `seed`; extents up to max_dim (batches up to 4 each)."""
+def case(seed: int, index: int, max_dim: int = 300) -> Case:
+    """Case `index` of the run seeded `seed`; extents up to max_dim (batches up to 4 each).
+    Categories take turns; a runner without CUDA torch skips the "torch" ones, so case i is
+    the same case everywhere."""
     rng = random.Random(f"hopmm-fuzz/{seed}/{index}")
-    categories = CATEGORIES if torch else CATEGORIES[:-1]
-    category = categories[index % len(categories)]
+    category = CATEGORIES[index % len(CATEGORIES)]
     dtype = rng.choice(KERNEL_DTYPES if rng.random() < 0.85 else FLOAT_DTYPES)
     m, k, n = (_extent(rng, max_dim) for _ in range(3))
     a, b = _pair(m, k, n, dtype)
@@ -119,7 +120,7 @@ def case(seed: int, index: int, max_dim: int = 300, torch: bool = False) -> Case
     elif category == "layout":
         if rng.random() < 0.4:
             a, b = _pair(m, k, n, dtype, *_batches(rng))
-        a, b = _layout(rng, a, not torch), _layout(rng, b, not torch)
+        a, b = _layout(rng, a, True), _layout(rng, b, True)
     elif category == "out":
         out = rng.choice(VALID_OUTS)
         if out == "alias_a":    # out is a itself: a square in its last two axes
@@ -128,9 +129,9 @@ def case(seed: int, index: int, max_dim: int = 300, torch: bool = False) -> Case
             dtype = rng.choice(KERNEL_DTYPES)
             a, b = _pair(m, k, n, dtype)
         if out != "alias_a" and rng.random() < 0.5:
-            a, b = _layout(rng, a, not torch), _layout(rng, b, not torch)
+            a, b = _layout(rng, a, True), _layout(rng, b, True)
     elif category == "bad_out":
-        out = rng.choice(BAD_OUTS if not torch else ("wrong_shape", "uncastable"))
+        out = rng.choice(BAD_OUTS)
         if rng.random() < 0.3:
             a, b = _pair(m, k, n, dtype, *_batches(rng))
     elif category == "bad_operand":
@@ -156,7 +157,7 @@ def case(seed: int, index: int, max_dim: int = 300, torch: bool = False) -> Case
         kind = rng.choice(("plain", "layout", "batched", "out", "vector"))
         if kind == "batched":
             a, b = _pair(m, k, n, dtype, *_batches(rng))
-        if kind == "layout":
+        if kind == "layout":   # (torch has no negative strides)
             a, b = _layout(rng, a, False), _layout(rng, b, False)
         if kind == "vector":
             a = OperandSpec((k,), dtype)
@@ -164,8 +165,10 @@ def case(seed: int, index: int, max_dim: int = 300, torch: bool = False) -> Case
     return Case(index, category, a, b, out, torch=category == "torch")
 
 
-def cases(seed: int, count: int, max_dim: int = 300, torch: bool = False, start: int = 0):
-    return [case(seed, i, max_dim, torch) for i in range(start, start + count)]
+def cases(seed: int, count: int, max_dim: int = 300, start: int = 0, torch: bool = True):
+    """Cases start .. start + count - 1 (without the "torch" ones where torch is False)."""
+    return [c for c in (case(seed, i, max_dim) for i in range(start, start + count))
+            if torch or not c.torch]
 
 
 # -- building ---------------------------------------------------------------------------------

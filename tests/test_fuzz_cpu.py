@@ -122,7 +122,7 @@ def hopmm_outcome(a, b, out):
 def test_fuzzed_validation_matches_cupy_and_numpy(host_cupy):
     maker, reached_gpu = host_cupy
     seen = {}
-    for c in fuzz_cases.cases(SEED, COUNT, MAX_DIM):
+    for c in fuzz_cases.cases(SEED, COUNT, MAX_DIM, torch=False):
         a, b, out = fuzz_cases.build(c, maker)
         expected = cupy_outcome(a, b, out, reached_gpu)
         source = "cupy"
@@ -150,6 +150,8 @@ def test_cases_are_reproducible_and_cover_every_form():
     assert first == fuzz_cases.cases(SEED, 300)
     assert fuzz_cases.cases(SEED, 10, start=100) == first[100:110]
     assert first != fuzz_cases.cases(SEED + 1, 300)
+    without_torch = fuzz_cases.cases(SEED, 300, torch=False)
+    assert without_torch == [c for c in first if not c.torch]
     specs = [x for c in first for x in (c.a, c.b) if isinstance(x, fuzz_cases.OperandSpec)]
     assert any(s.transposed for s in specs) and any(s.offset for s in specs)
     assert any(min(s.steps, default=1) < 0 for s in specs) and any(s.expand for s in specs)
@@ -158,9 +160,8 @@ def test_cases_are_reproducible_and_cover_every_form():
     assert set(fuzz_cases.VALID_OUTS + fuzz_cases.BAD_OUTS) <= outs
     bad = {x for c in first for x in (c.a, c.b) if isinstance(x, str)}
     assert bad == set(fuzz_cases.BAD_OPERANDS)
-    with_torch = fuzz_cases.cases(SEED, 300, torch=True)
-    assert any(c.torch for c in with_torch)
-    assert all(min(x.steps, default=1) > 0 for c in with_torch if c.torch
+    assert any(c.torch for c in first)
+    assert all(min(x.steps, default=1) > 0 for c in first if c.torch
                for x in (c.a, c.b) if isinstance(x, fuzz_cases.OperandSpec))
 
 
@@ -227,7 +228,7 @@ def test_gpu_fuzzer_harness_finds_what_it_must(flaw):
     fake = types.SimpleNamespace(matmul=matmul_value_errors if flaw == "value_error" else matmul)
     maker = _numpy_maker()
     outcomes = {}
-    for c in fuzz_cases.cases(SEED, 120, MAX_DIM):
+    for c in fuzz_cases.cases(SEED, 120, MAX_DIM, torch=False):
         if "bfloat16" in {getattr(x, "dtype", None) for x in (c.a, c.b)}:
             continue   # numpy has no bfloat16 matmul
         outcome, detail = bench_fuzz.run_cupy_case(c, maker, fake)
