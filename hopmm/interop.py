@@ -79,12 +79,12 @@ def call_with_tensors(func, args: tuple, kwargs: dict):
         if grad and x.requires_grad:
             raise ValueError(f"{fname}: {name} requires grad, and hopmm has no backward: call "
                              f"it under torch.no_grad() or pass {name}.detach()")
-        if x.device.type != "cuda":
+        if not x.is_cuda:
             raise TypeError(f"{fname}: {name} is a torch tensor on {x.device}; hopmm runs on "
                             f"CUDA tensors: move it there with {name}.cuda()")
-    devices = {x.device.index for _, x in tensors}
+    devices = {x.get_device() for _, x in tensors}
     if len(devices) > 1:
-        where = ", ".join(f"{name} on cuda:{x.device.index}" for name, x in tensors)
+        where = ", ".join(f"{name} on cuda:{x.get_device()}" for name, x in tensors)
         raise ValueError(f"{fname}: tensors are on different devices ({where})")
     device = devices.pop()
     with cupy.cuda.Device(device), _external_stream(torch, cupy, device):

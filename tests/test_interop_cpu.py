@@ -3,6 +3,7 @@ imported by hopmm, CPU tensors, tensors requiring grad and torch mixed with cupy
 with errors naming the argument. (tests/test_gpu_torch.py runs CUDA tensors.)"""
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
@@ -94,3 +95,108 @@ def test_a_plain_call_never_reaches_the_torch_path(monkeypatch):
                         lambda *args: pytest.fail("took the torch path"))
     with pytest.raises(TypeError, match="must be a cupy.ndarray"):
         hopmm.plan(np.ones((2, 2)), np.ones((2, 2)))
+
+
+class _FakeTensor:
+    """What interop reads of a CUDA torch tensor."""
+    is_cuda = True
+    dtype = "float16"
+
+    def __init__(self, device=0, requires_grad=False):
+        self.device = f"cuda:{device}"
+        self._index, self.requires_grad = device, requires_grad
+
+    def get_device(self):
+        return self._index
+
+    def detach(self):
+        return _FakeTensor(self._index)
+
+
+class _Context:
+    def __init__(self, log, what):
+        self.log, self.what = log, what
+
+    def __enter__(self):
+        self.log.append(("enter",) + self.what)
+
+    def __exit__(self, *exc):
+        self.log.append(("exit",) + self.what)
+
+
+@pytest.fixture
+def fake_cuda_torch(monkeypatch):
+    """A torch of CUDA tensors (interop's view of it), and cupy's stream, device and DLPack
+    entry points recording what interop asks of them."""
+    import cupy
+
+    log = []
+    fake = types.ModuleType("torch")
+    fake.Tensor, fake.bfloat16 = _FakeTensor, "bfloat16"
+    fake.is_grad_enabled = lambda: True
+    fake.cuda = types.SimpleNamespace(
+        current_stream=lambda device: types.SimpleNamespace(cuda_stream=0x5000 + device))
+    fake.from_dlpack = lambda x: ("torch view", x)
+    monkeypatch.setitem(sys.modules, "torch", fake)
+    monkeypatch.setattr(interop, "_streams", {})
+
+    def from_dlpack(t):
+        log.append(("from_dlpack", t))
+        return _host_cupy((2, 2))
+
+    monkeypatch.setattr(cupy, "from_dlpack", from_dlpack)
+    monkeypatch.setattr(cupy.cuda, "Device", lambda device: _Context(log, ("device", device)))
+
+    def external_stream(ptr, device):
+        log.append(("new stream", ptr, device))
+        return _Context(log, ("stream", ptr))
+
+    monkeypatch.setattr(cupy.cuda, "ExternalStream", external_stream)
+    return log
+
+
+def test_every_tensor_argument_is_converted_on_the_torch_stream(fake_cuda_torch):
+    import cupy
+
+    log = fake_cuda_torch
+    seen = {}
+
+    @interop.accepts_torch
+    def fused(a, b, out=None, *, bias=None, scale=1.0):
+        seen.update(a=a, b=b, out=out, bias=bias, scale=scale, log=list(log))
+        return out if out is not None else [_host_cupy((1,)), "text"]
+
+    a, b, out, bias = (_FakeTensor(1) for _ in range(4))
+    assert fused(a, b, out, bias=bias, scale=2.0) is out   # out= comes back as the caller's
+    assert all(isinstance(seen[k], cupy.ndarray) for k in ("a", "b", "out", "bias"))
+    assert seen["scale"] == 2.0
+    # The call ran inside the device and the stream of the current torch stream of cuda:1.
+    assert seen["log"][:3] == [("enter", "device", 1), ("new stream", 0x5001, 1),
+                               ("enter", "stream", 0x5001)]
+    assert log[-1] == ("exit", "device", 1) and ("exit", "stream", 0x5001) in log
+    assert sum(1 for e in log if e[0] == "from_dlpack") == 4
+    # A new cupy result becomes a torch view; other results pass; the stream is reused.
+    result = fused(a, b)
+    assert result[0][0] == "torch view" and result[1] == "text"
+    assert sum(1 for e in log if e[0] == "new stream") == 1
+
+
+def test_tensors_on_two_devices_are_refused(fake_cuda_torch):
+    with pytest.raises(ValueError, match=r"different devices \(a on cuda:0, b on cuda:1\)"):
+        hopmm.plan(_FakeTensor(0), _FakeTensor(1))
+
+
+def test_a_tensor_requiring_grad_is_read_detached_under_no_grad(fake_cuda_torch, monkeypatch):
+    log = fake_cuda_torch
+    w = _FakeTensor(0, requires_grad=True)
+
+    @interop.accepts_torch
+    def f(a):
+        return "ran"
+
+    with pytest.raises(ValueError, match="a requires grad"):
+        f(w)
+    monkeypatch.setattr(sys.modules["torch"], "is_grad_enabled", lambda: False)
+    assert f(w) == "ran"
+    converted = [e[1] for e in log if e[0] == "from_dlpack"]
+    assert len(converted) == 1 and converted[0] is not w and not converted[0].requires_grad
