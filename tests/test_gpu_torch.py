@@ -11,9 +11,9 @@ pytestmark = [requires_hopper,
               pytest.mark.skipif(not torch.cuda.is_available(), reason="torch has no CUDA")]
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
-# GPU cycles torch.cuda._sleep spins for: a few milliseconds on an H100, long enough that
-# work queued behind it on the same stream has certainly not run when the host looks.
-SLEEP_CYCLES = 20_000_000
+# GPU cycles torch.cuda._sleep spins for: about 25 ms on an H100, long enough that work
+# queued behind it on the same stream has certainly not run when the host looks.
+SLEEP_CYCLES = 50_000_000
 
 
 @pytest.fixture(autouse=True)
