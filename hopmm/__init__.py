@@ -1,4 +1,4 @@
-"""hopmm: fast matrix products on NVIDIA Hopper (sm_90a) for CuPy arrays."""
+"""hopmm: fast matrix products on NVIDIA Hopper (sm_90a) for CuPy arrays and CUDA torch tensors."""
 from .api import FallbackError, explain, matmul, plan, use_schedule
 from .problem import Problem
 from .tuning import autotune

@@ -156,7 +156,8 @@ def _operand3d(x2, batch_shape: tuple):
 
 
 def matmul(a, b, out=None):
-    """Matrix product with the semantics of cupy.matmul (and numpy.matmul)."""
+    """Matrix product with the semantics of cupy.matmul (and numpy.matmul); CUDA torch
+    tensors in give torch tensors out (hopmm/interop.py)."""
     result, k = fastpath.repeat(a, b, out)
     if result is not None:
         return result
