@@ -136,6 +136,9 @@ def test_bfloat16_keeps_its_dtype_both_ways():
     back = interop.cupy_to_tensor(x, torch, cupy)
     assert back.dtype == torch.bfloat16 and back.data_ptr() == t.data_ptr()
     assert x.T.strides == (2, 16) and interop.tensor_to_cupy(t.t(), torch, cupy).strides == (2, 16)
+    view = rand((6, 10), "float16")[2:, 1::2]   # an offset and a column step stay a view
+    y = interop.tensor_to_cupy(view, torch, cupy)
+    assert y.data.ptr == view.data_ptr() and y.strides == (20, 4) and y.shape == (4, 5)
 
 
 def test_explain_and_plan_take_tensors():
