@@ -19,18 +19,31 @@ class KernelResourceError(compiler.ResourceError):
     pass
 
 
+# Bounded by the kernels hopmm can render (schedules x configs), whatever the shapes.
 @functools.lru_cache(maxsize=None)
 def compiled(schedule, config) -> compiler.CompiledKernel:
-    return compiler.compile_kernel(schedule.render(config))
+    return compiler.compile_schedule(schedule, config)
 
 
+class LoadedKernel(NamedTuple):
+    module: object   # cupy.cuda.function.Module: keeps the code loaded while `kernel` is used
+    kernel: object   # cupy.cuda.function.Function (its `ptr` is the CUfunction)
+
+
+# Bounded by the kernels hopmm can render x the devices (a module is loaded per device).
 @functools.lru_cache(maxsize=None)
-def _loaded(cubin_path: str, name: str, smem_bytes: int, device_id: int):
-    import cupy
+def _loaded(cubin_path: str, name: str, smem_bytes: int, device_id: int) -> LoadedKernel:
+    """The kernel loaded on the current device from the verified bytes compile.py holds for
+    `cubin_path` (never from the file, which may have changed since it was verified, or
+    never have been written where the cache is read-only)."""
+    from cupy.cuda import driver, function
 
-    kernel = cupy.RawModule(path=cubin_path).get_function(name)
-    kernel.max_dynamic_shared_size_bytes = smem_bytes
-    return kernel
+    module = function.Module()
+    module.load(compiler.cubin_of(cubin_path))
+    kernel = module.get_function(name)
+    driver.funcSetAttribute(kernel.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            smem_bytes)
+    return LoadedKernel(module, kernel)
 
 
 # Programmatic dependent launch: each kernel is launched so that it may be scheduled while the
