@@ -106,13 +106,13 @@ class KernelCompileError(nvrtc.CompileError):
     and carries the compiler log (`log`)."""
 
     def __init__(self, kernel: str, log: str, schedule: str | None = None, config=None):
-        self.kernel, self.log, self.schedule, self.config = kernel, log, schedule, config
+        self.kernel, self.schedule, self.config = kernel, schedule, config
         what = f"kernel {kernel}"
         if schedule is not None:
             what += f" of schedule {schedule!r}"
         if config is not None:
             what += f" with config {config}"
-        super().__init__(f"hopmm could not compile {what}; compiler log:\n{log}")
+        super().__init__(f"hopmm could not compile {what}; compiler log:\n{log}", log)
 
 
 # Where a compile stands in this process: kernel file stem -> CompiledKernel, or the lock that

@@ -56,6 +56,12 @@ def warn_once(key, message: str) -> None:
     warnings.warn(message, CacheWarning, stacklevel=3)
 
 
+def forget_reports() -> None:
+    """Reports everything again, as a new process would (tests)."""
+    with _warned_lock:
+        _warned.clear()
+
+
 def configured_dir() -> Path:
     """HOPMM_CACHE_DIR, else $XDG_CACHE_HOME/hopmm, else ~/.cache/hopmm."""
     root = os.environ.get(CACHE_ENV)
