@@ -238,13 +238,14 @@ def _compile_cached(name: str, source: str) -> CompiledKernel:
 
 
 def clear_memo() -> None:
-    """Forgets the kernels of this process (tests): the next request reads the cache again."""
+    """Forgets the kernels of this process (tests): the next request reads the cache again.
+    The loader's bytes (_by_path) stay: launch.compiled may still hand out those kernels."""
     with _memo_lock:
         _compiled.clear()
-        _by_path.clear()
 
 
-# cubin path -> CompiledKernel, for the loader (launch._loaded), which is keyed by path.
+# cubin path -> the latest CompiledKernel of that path, for the loader (launch._loaded), which
+# is keyed by path. Bounded like _compiled.
 _by_path: dict = {}
 
 
