@@ -15,7 +15,8 @@ table of all of them comes LAST):
              multiple of the split, a batch, odd row pitches, transposes. Each (tool,
              schedule) is one run of bench/reliability_driver.py under the tool, the results
              checked against a host product; memcheck takes every edge shape, the slower
-             tools a few. Only hopmm's kernels are instrumented (--kernel-name kns=hopmm).
+             tools a few. memcheck, racecheck and synccheck instrument hopmm's kernels only
+             (--kernel-name kns=hopmm); initcheck every kernel.
   processes  8 processes on an empty cache compiling the same kernels at once: every
              result correct, each kernel compiled at most once per process (and, through the
              cache's entry locks, once among them), every cache entry verifies afterwards.
@@ -65,6 +66,15 @@ SANITIZER_ERROR_EXIT = 86
 # sanitizer's host work is what takes the time.
 SANITIZER_PARALLEL = 6
 SANITIZER_TIMEOUT_S = 300
+SANITIZER_PRINT_LIMIT = 20    # errors printed per run: the first ones say what is wrong
+# Kernels whose names hold this substring are instrumented, the others (CuPy's, cuBLAS's) run
+# plainly. Not under initcheck: it must see the kernels that write hopmm's operands, or it
+# would take every read of them for a read of uninitialised memory.
+HOPMM_KERNELS = "kns=hopmm"
+FILTERED_TOOLS = ("memcheck", "racecheck", "synccheck")
+# The sanitizer's own lines start with this; its error reports hold one of these words.
+SANITIZER_PREFIX = "========="
+SANITIZER_ERROR_WORDS = ("Invalid", "Error", "Race", "Hazard", "Uninitialized", "Barrier")
 
 # Edge shapes (see reliability_driver.Case for the notation). One 128 x 256 tile exactly and
 # one element past it on every side; a single row; a single column; K below one 64-wide
@@ -291,8 +301,9 @@ def find_sanitizer(explicit: str | None = None) -> tuple[str | None, list]:
 
 def sanitizer_command(sanitizer: str, tool: str, schedule: str, shapes) -> list:
     """The command that runs the driver on `schedule` over `shapes` under `tool`."""
+    only_hopmm = ["--kernel-name", HOPMM_KERNELS] if tool in FILTERED_TOOLS else []
     return [sanitizer, "--tool", tool, "--error-exitcode", str(SANITIZER_ERROR_EXIT),
-            "--kernel-name", "kns=hopmm", "--print-limit", "20",
+            *only_hopmm, "--print-limit", str(SANITIZER_PRINT_LIMIT),
             *driver_command(shapes, schedule)]
 
 
@@ -310,9 +321,8 @@ def judge_sanitizer_run(rc: int, output: str) -> tuple[str, str]:
     driver = driver_summary(output)
     if rc == SANITIZER_ERROR_EXIT:
         first = next((t.strip() for t in output.splitlines()
-                      if t.startswith("========") and ("Invalid" in t or "Error" in t
-                                                       or "Race" in t or "Hazard" in t
-                                                       or "Uninitialized" in t)), "")
+                      if t.startswith(SANITIZER_PREFIX)
+                      and any(word in t for word in SANITIZER_ERROR_WORDS)), "")
         return "FAIL", f"{summary or 'errors'}; {first}"[:300]
     if rc != 0 or driver is None:
         tail = " | ".join(output.strip().splitlines()[-3:])

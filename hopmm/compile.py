@@ -132,8 +132,11 @@ def atomic_write(path: Path, data: bytes) -> None:
 
 
 def cache_key(kernel: render.RenderedKernel, options=NVRTC_OPTIONS) -> str:
+    """Names the entry; the cache's format is part of it, so files of an older layout (with
+    no manifest) are never looked at rather than each reported as foreign."""
     major, minor = nvrtc.version()
-    return render.sha256("\n".join([kernel.source, *options, f"nvrtc {major}.{minor}"]))[:40]
+    return render.sha256("\n".join([kernel.source, *options, f"nvrtc {major}.{minor}",
+                                     kernel_cache.MANIFEST_FORMAT]))[:40]
 
 
 def _compile_with_report(name: str, source: str) -> nvrtc.CompileResult:

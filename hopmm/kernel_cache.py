@@ -118,8 +118,7 @@ def cache_dir(create: bool = True) -> Path:
             try:
                 configured.mkdir(mode=CACHE_DIR_MODE, parents=True, exist_ok=True)
             except OSError as exc:
-                warn_once(("mkdir", key), f"hopmm: cannot create the kernel cache {configured} "
-                          f"({exc}); kernels are kept in memory only")
+                report_unwritable(configured, exc)
                 return configured
         try:
             st = configured.stat()   # a link to a directory is judged by the directory

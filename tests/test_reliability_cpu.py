@@ -67,6 +67,9 @@ def test_sanitizer_command_runs_the_driver_on_one_schedule_under_one_tool():
     assert cmd[program + 1].endswith("reliability_driver.py")
     assert cmd[cmd.index("--schedule") + 1] == "pingpong"
     assert cmd[-2:] == ["129x257x130", "96x192x849"]
+    # initcheck must see the kernels that initialise the operands: no kernel filter
+    init = rel.sanitizer_command("cs", "initcheck", "persistent", ["1x2x3"])
+    assert "--kernel-name" not in init and init[init.index("--tool") + 1] == "initcheck"
 
 
 @pytest.mark.parametrize("quick", [False, True])
