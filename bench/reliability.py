@@ -53,7 +53,8 @@ from pathlib import Path
 BENCH_DIR = Path(__file__).resolve().parent
 REPO = BENCH_DIR.parent
 DRIVER = BENCH_DIR / "reliability_driver.py"
-sys.path.insert(0, str(BENCH_DIR))
+# This checkout's hopmm (its child processes get the same through PYTHONPATH), and the driver.
+sys.path[:0] = [str(REPO), str(BENCH_DIR)]
 from reliability_driver import ODD_PITCH_PAD, TOLERANCE, Case  # noqa: E402
 
 ITEMS = ("warm", "sanitize", "processes", "threads", "autotune", "soak")

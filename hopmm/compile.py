@@ -115,8 +115,8 @@ class KernelCompileError(nvrtc.CompileError):
         super().__init__(f"hopmm could not compile {what}; compiler log:\n{log}", log)
 
 
-# Where a compile stands in this process: kernel file stem -> CompiledKernel, or the lock that
-# the thread compiling it holds. Bounded by the set of kernels hopmm can render.
+# The kernels of this process, by (name, source): _compiled holds those done, _compiling the
+# lock of the thread building one. Bounded by the set of kernels hopmm can render.
 _compiled: dict = {}
 _compiling: dict = {}
 _memo_lock = threading.Lock()
