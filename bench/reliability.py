@@ -123,11 +123,17 @@ AUTOTUNE_OWN = ("3072x2048x2048", "3072x2048x512")
 # RANDOM_BATCH_ONE_IN.
 RANDOM_MAX_DIM = 2048
 RANDOM_BATCH_ONE_IN = 6
+# Shares of calls with a transposed operand, odd row pitches (aligned copies) and float16:
+# every path is drawn often, the common one (bfloat16, row-major) most.
+RANDOM_TRANSPOSED_SHARE = 0.25
+RANDOM_ODD_PITCH_SHARE = 0.1
+RANDOM_FP16_SHARE = 0.3
 # Soak: the first SOAK_WARMUP_FRACTION of the time fills the caches (kernels, recipes,
 # workspaces) before the first memory sample; every SOAK_CHECK_EVERY-th result is checked.
 SOAK_WARMUP_FRACTION = 0.25
 SOAK_CHECK_EVERY = 10
 SOAK_SCHEDULE_STRETCH = 50     # calls between changes of the forced schedule
+SOAK_HEURISTIC_WEIGHT = 3      # the heuristic's choice counts as this many schedules
 SOAK_REPEATED_SHAPES = 64
 SOAK_REPEAT_SHARE = 0.7
 # Growth from the first sample to the last that still counts as flat: the recipe cache may
@@ -225,6 +231,25 @@ def driver_command(shapes, schedule: str | None = None, autotune: bool = False) 
     if autotune:
         cmd.append("--autotune")
     return cmd + list(shapes)
+
+
+def run_together(commands: list, env: dict) -> list:
+    """Starts every command at once and waits for all: [(exit status, output)]. Outputs go
+    to files, so no process stalls on a full pipe while another is waited for."""
+    with tempfile.TemporaryDirectory(prefix="hopmm-reliability-out-") as logs:
+        files = [open(os.path.join(logs, f"{i}.log"), "w+") for i in range(len(commands))]
+        try:
+            procs = [subprocess.Popen(cmd, stdout=f, stderr=subprocess.STDOUT, text=True,
+                                      env=env) for cmd, f in zip(commands, files)]
+            codes = [p.wait() for p in procs]
+            outputs = []
+            for f in files:
+                f.seek(0)
+                outputs.append(f.read())
+            return list(zip(codes, outputs))
+        finally:
+            for f in files:
+                f.close()
 
 
 def driver_summary(output: str) -> dict | None:
@@ -384,14 +409,11 @@ def verify_cache(directory: Path) -> list:
 def processes(args, results: list) -> None:
     start = time.time()
     with tempfile.TemporaryDirectory(prefix="hopmm-reliability-") as cache:
-        procs = [subprocess.Popen(driver_command(PROCESS_SHAPES), stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, env=child_env(cache))
-                 for _ in range(PROCESSES)]
-        outputs = [p.communicate()[0] for p in procs]
-        summaries = [driver_summary(o) for o in outputs]
-        problems = [f"process {i}: exit {p.returncode}: {o.strip().splitlines()[-1:]}"
-                    for i, (p, o, s) in enumerate(zip(procs, outputs, summaries))
-                    if p.returncode or s is None]
+        done = run_together([driver_command(PROCESS_SHAPES)] * PROCESSES, child_env(cache))
+        summaries = [driver_summary(output) for _, output in done]
+        problems = [f"process {i}: exit {rc}: {output.strip().splitlines()[-1:]}"
+                    for i, ((rc, output), s) in enumerate(zip(done, summaries))
+                    if rc or s is None]
         good = [s for s in summaries if s is not None]
         problems += [f"a process compiled {s['compiles']} times for {s['kernels']} kernels"
                      for s in good if s["compiles"] > s["kernels"]]
@@ -415,9 +437,10 @@ def random_case(rng: random.Random, max_dim: int = RANDOM_MAX_DIM) -> Case:
 
     return Case(dim(), dim(), dim(),
                 batch=rng.randint(2, 4) if rng.randrange(RANDOM_BATCH_ONE_IN) == 0 else 0,
-                trans_a=rng.random() < 0.25, trans_b=rng.random() < 0.25,
-                odd_pitch=rng.random() < 0.1,
-                dtype="float16" if rng.random() < 0.3 else "bfloat16")
+                trans_a=rng.random() < RANDOM_TRANSPOSED_SHARE,
+                trans_b=rng.random() < RANDOM_TRANSPOSED_SHARE,
+                odd_pitch=rng.random() < RANDOM_ODD_PITCH_SHARE,
+                dtype="float16" if rng.random() < RANDOM_FP16_SHARE else "bfloat16")
 
 
 def device_operands(case: Case, generator):
@@ -517,13 +540,10 @@ def autotune(args, results: list) -> None:
     with tempfile.TemporaryDirectory(prefix="hopmm-reliability-") as cache:
         # The kernels the warm item compiled: this item is about the table, not compiling.
         copied = copy_kernels(compiler.cache_dir(), Path(cache))
-        procs = [subprocess.Popen(driver_command([AUTOTUNE_SHARED, own], autotune=True),
-                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                  env=child_env(cache))
-                 for own in AUTOTUNE_OWN]
-        outputs = [p.communicate()[0] for p in procs]
-        problems = [f"process {i}: exit {p.returncode}: {o.strip().splitlines()[-2:]}"
-                    for i, (p, o) in enumerate(zip(procs, outputs)) if p.returncode]
+        done = run_together([driver_command([AUTOTUNE_SHARED, own], autotune=True)
+                             for own in AUTOTUNE_OWN], child_env(cache))
+        problems = [f"process {i}: exit {rc}: {output.strip().splitlines()[-2:]}"
+                    for i, (rc, output) in enumerate(done) if rc]
         table = Path(cache) / tuning.TABLE_NAME
         try:
             raw = json.loads(kernel_cache.read_trusted(table).decode())
@@ -569,7 +589,7 @@ def soak(args, results: list) -> None:
     generator = cupy.random.RandomState(SEED)
     # Mostly the heuristic's own choice; a forced schedule for a stretch of calls at a time
     # (forcing one clears the recipes of repeat calls, which the soak must also exercise).
-    schedules = [None] * 3 + sorted(SCHEDULES)
+    schedules = [None] * SOAK_HEURISTIC_WEIGHT + sorted(SCHEDULES)
     # Most calls repeat one of a pool of shapes (the fast path); the rest are new shapes.
     repeated = [random_case(rng) for _ in range(SOAK_REPEATED_SHAPES)]
     start = time.time()

@@ -196,3 +196,15 @@ def test_verify_cache_finds_damaged_entries_and_leftovers(tmp_path):
     assert any("left over" in p for p in problems)
     assert not any(p.startswith("good") for p in problems)
     assert os.path.exists(good.with_name("good.cubin"))
+
+
+def test_commands_run_together_and_each_output_comes_back():
+    """Each child prints when it started and ended: all start before any ends."""
+    script = ("import sys, time; start = time.time(); time.sleep(1.0); "
+              "print(sys.argv[1], start, time.time()); sys.exit(int(sys.argv[1]))")
+    done = rel.run_together([[sys.executable, "-c", script, str(i)] for i in range(3)],
+                            dict(os.environ))
+    assert [rc for rc, _ in done] == [0, 1, 2]
+    fields = [out.split() for _, out in done]
+    assert [f[0] for f in fields] == ["0", "1", "2"]
+    assert max(float(f[1]) for f in fields) < min(float(f[2]) for f in fields)
