@@ -86,11 +86,24 @@ def rel_err(got, a, b) -> float:
     return float(numpy.linalg.norm(out - ref)) / denom
 
 
-def check(case: Case, rng) -> float:
+def ran_schedule(a, b) -> str | None:
+    """The schedule hopmm.explain says the product of a and b runs on (None: no kernel)."""
+    import hopmm
+
+    prefix = "schedule: "
+    return next((line[len(prefix):] for line in hopmm.explain(a, b).splitlines()
+                 if line.startswith(prefix)), None)
+
+
+def check(case: Case, rng, schedule: str | None) -> float:
+    """The relative error of hopmm's product; ValueError where a forced schedule did not
+    run."""
     import hopmm
 
     a = operand(rng, case.m, case.k, case.batch, case.trans_a, case.odd_pitch, case.dtype)
     b = operand(rng, case.k, case.n, case.batch, case.trans_b, case.odd_pitch, case.dtype)
+    if schedule is not None and ran_schedule(a, b) != schedule:
+        raise ValueError(f"ran on {ran_schedule(a, b)}, not the forced {schedule}")
     return rel_err(hopmm.matmul(a, b), a, b)
 
 
@@ -119,7 +132,7 @@ def main(argv=None) -> int:
         rng = numpy.random.default_rng(SEED)
         for case in cases:
             try:
-                err = check(case, rng)
+                err = check(case, rng, args.schedule)
             except Exception as exc:   # reported and counted: the summary must come out
                 print(f"{case.spec()}: ERROR {type(exc).__name__}: {exc}")
                 failures += 1
