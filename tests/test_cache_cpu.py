@@ -339,3 +339,43 @@ def test_a_compile_error_names_the_schedule_the_config_and_the_log(monkeypatch):
     assert isinstance(caught.value, nvrtc.CompileError)
     assert caught.value.schedule == "broken_schedule" and caught.value.config == config
     assert not any(compiler.cache_dir().glob("hopmm_broken_kernel*.cubin"))
+
+
+class _FakeDeviceArray:
+    def __init__(self, n):
+        self.nbytes = self.size = n
+
+
+def test_workspaces_are_bounded_and_the_oldest_dropped_first(monkeypatch):
+    """A program making streams without end holds at most MAX_WORKSPACES workspaces."""
+    import sys
+    import types
+
+    from hopmm import workspace
+
+    fake = types.SimpleNamespace(empty=lambda n, dtype: _FakeDeviceArray(n),
+                                 zeros=lambda n, dtype: _FakeDeviceArray(n),
+                                 uint8="uint8", uint32="uint32")
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    workspace.clear()
+    first_stream = 1000   # far from the special handles (the per-thread default stream: 2)
+    streams = range(first_stream, first_stream + workspace.MAX_WORKSPACES + 10)
+    try:
+        kept = [workspace.get(0, s, 64, 4) for s in streams]
+        assert len(workspace._workspaces) == workspace.MAX_WORKSPACES
+        assert (0, streams[0], None) not in workspace._workspaces
+        assert (0, streams[-1], None) in workspace._workspaces
+        assert workspace.get(0, streams[-1], 64, 4) is kept[-1]   # a hit reuses its pair
+    finally:
+        workspace.clear()
+
+
+def test_every_listed_cache_reports_its_size_and_bounded_ones_their_bound():
+    from hopmm import caches
+
+    sizes, bounds = caches.sizes(), caches.bounds()
+    assert set(bounds) <= set(sizes)
+    assert all(isinstance(n, int) and n >= 0 for n in sizes.values())
+    assert all(isinstance(n, int) and n > 0 for n in bounds.values())
+    for name in sizes:   # every cache the code keeps is in the module's table
+        assert name.split(".")[0] in caches.__doc__
