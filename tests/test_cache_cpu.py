@@ -379,3 +379,34 @@ def test_every_listed_cache_reports_its_size_and_bounded_ones_their_bound():
     assert all(isinstance(n, int) and n > 0 for n in bounds.values())
     for name in sizes:   # every cache the code keeps is in the module's table
         assert name.split(".")[0] in caches.__doc__
+
+
+def test_threads_loading_one_kernel_load_one_module(monkeypatch):
+    """A second module would be dropped by the cache, and unloaded under the launches built
+    from it."""
+    import functools
+
+    from hopmm import launch
+
+    loads = []
+
+    @functools.lru_cache(maxsize=None)
+    def slow_load(*key):
+        loads.append(key)
+        time.sleep(SLOW_COMPILE_S)
+        return object()
+
+    monkeypatch.setattr(launch, "_loaded", slow_load)
+    start = threading.Barrier(THREADS)
+    got = []
+
+    def load():
+        start.wait()
+        got.append(launch.loaded_kernel("k.cubin", "k", 0, 0))
+
+    threads = [threading.Thread(target=load) for _ in range(THREADS)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(loads) == 1 and len(got) == THREADS and all(g is got[0] for g in got)
