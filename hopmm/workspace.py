@@ -17,8 +17,9 @@ the same handle would share the pair.)
 
 At most MAX_WORKSPACES pairs are kept, the least recently made or grown dropped first (a hit
 stays lock-free, so it does not reorder them): a program that makes streams (or threads, each
-with its own per-thread default stream) without end would otherwise hold a pair for each. Dropping one is safe for the reason growing is: its memory
-goes back to its stream's pool, for later work on that stream only.
+with its own per-thread default stream) without end would otherwise hold a pair for each.
+Dropping one is safe for the reason growing is: its memory goes back to its stream's pool, for
+later work on that stream only.
 """
 from __future__ import annotations
 
