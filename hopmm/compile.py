@@ -1,18 +1,19 @@
 """Rendered kernel -> checked sm_90a cubin, cached on disk by the hash of its source.
 
 The cache key is the hash of the full rendered source (snippets inlined), the NVRTC options
-and the NVRTC version, so an edited snippet can never be served a stale cubin.
+and the NVRTC version, so an edited snippet can never be served a stale cubin. What is read
+back from the cache is verified first (kernel_cache.py); each kernel is compiled at most once
+per process, and across processes one compiles while the others wait for its entry.
 """
 from __future__ import annotations
 
-import functools
 import os
 import re
-import tempfile
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import nvrtc, render
+from . import kernel_cache, nvrtc, render
 
 # hopmm calls NVRTC itself (CuPy's compiler would append its own -arch=sm_90). Every kernel
 # holds wgmma and setmaxnreg, which ptxas accepts for sm_90a only, so a successful compile is
@@ -37,8 +38,9 @@ _REGISTERS = re.compile(r"Used (\d+) registers")
 _FRAME = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _WARNING_CODE = re.compile(r"\((C\d{4})\)")
 
-
-CACHE_FILE_MODE = 0o644
+CUBIN_SUFFIX = ".cubin"
+LOG_SUFFIX = ".log"
+ENTRY_PARTS = (CUBIN_SUFFIX, LOG_SUFFIX)
 
 
 def _function_section(log: str, function: str | None) -> str:
@@ -93,53 +95,48 @@ class ResourceReport:
 @dataclass(frozen=True)
 class CompiledKernel:
     name: str
-    cubin_path: Path
+    cubin_path: Path       # where the entry lies in the cache (absent in memory-only mode)
     report: ResourceReport
     source_hash: str
+    cubin: bytes = field(default=b"", repr=False, compare=False)  # the verified content
+
+
+class KernelCompileError(nvrtc.CompileError):
+    """NVRTC rejected a kernel hopmm rendered. Names the schedule, the config and the kernel,
+    and carries the compiler log (`log`)."""
+
+    def __init__(self, kernel: str, log: str, schedule: str | None = None, config=None):
+        self.kernel, self.schedule, self.config = kernel, schedule, config
+        what = f"kernel {kernel}"
+        if schedule is not None:
+            what += f" of schedule {schedule!r}"
+        if config is not None:
+            what += f" with config {config}"
+        super().__init__(f"hopmm could not compile {what}; compiler log:\n{log}", log)
+
+
+# The kernels of this process, by (name, source): _compiled holds those done, _compiling the
+# lock of the thread building one. Bounded by the set of kernels hopmm can render.
+_compiled: dict = {}
+_compiling: dict = {}
+_memo_lock = threading.Lock()
+compile_count = 0   # compiles this process ran (the reliability checks read it)
 
 
 def cache_dir(create: bool = True) -> Path:
-    """HOPMM_CACHE_DIR, else ~/.cache/hopmm; made on the way unless `create` is False (the
-    per-call lookup of the autotune table only reads, and a mkdir per call costs ~20 us)."""
-    root = os.environ.get("HOPMM_CACHE_DIR")
-    if root:
-        path = Path(root)
-    else:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        path = Path(base) / "hopmm"
-    if create:
-        path.mkdir(parents=True, exist_ok=True)
-    return path
+    return kernel_cache.cache_dir(create)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Several processes may compile the same kernel: write aside, then rename into place."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.chmod(tmp, CACHE_FILE_MODE)  # mkstemp makes 0600; a cache directory may be shared
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    kernel_cache.atomic_write(path, data)
 
 
 def cache_key(kernel: render.RenderedKernel, options=NVRTC_OPTIONS) -> str:
+    """Names the entry; the cache's format is part of it, so files of an older layout (with
+    no manifest) are never looked at rather than each reported as foreign."""
     major, minor = nvrtc.version()
-    return render.sha256("\n".join([kernel.source, *options, f"nvrtc {major}.{minor}"]))[:40]
-
-
-def _cached_report(name: str, cubin_path: Path, log_path: Path) -> ResourceReport | None:
-    """The report of a complete cache entry; None for a missing, partial or unreadable one
-    (another process mid-write, an interrupted run, a foreign file), which is recompiled."""
-    try:
-        if cubin_path.stat().st_size == 0:
-            return None
-        return ResourceReport.parse(log_path.read_text(), name)
-    except (OSError, ValueError, ResourceError):
-        return None
+    return render.sha256("\n".join([kernel.source, *options, f"nvrtc {major}.{minor}",
+                                     kernel_cache.MANIFEST_FORMAT]))[:40]
 
 
 def _compile_with_report(name: str, source: str) -> nvrtc.CompileResult:
@@ -157,25 +154,120 @@ def _compile_with_report(name: str, source: str) -> nvrtc.CompileResult:
     return nvrtc.CompileResult(cubin=result.cubin, log=again.log)
 
 
-@functools.lru_cache(maxsize=None)
+def _run_compiler(name: str, source: str) -> nvrtc.CompileResult:
+    global compile_count
+    if os.environ.get("HOPMM_DUMP_SOURCE"):
+        Path(os.environ["HOPMM_DUMP_SOURCE"]).mkdir(parents=True, exist_ok=True)
+        (Path(os.environ["HOPMM_DUMP_SOURCE"]) / f"{name}.cu").write_text(source)
+    with _memo_lock:
+        compile_count += 1
+    try:
+        return _compile_with_report(name, source)
+    except nvrtc.CompileError as exc:
+        raise KernelCompileError(name, getattr(exc, "log", str(exc))) from exc
+
+
+def _from_entry(name: str, stem: Path, entry: dict, source: str) -> CompiledKernel:
+    """The kernel of a verified entry; DamagedEntry where its log holds no report of it."""
+    try:
+        report = ResourceReport.parse(entry[LOG_SUFFIX].decode(), name)
+    except (UnicodeDecodeError, ResourceError) as exc:
+        raise kernel_cache.DamagedEntry(f"log unreadable: {exc}") from exc
+    if not entry[CUBIN_SUFFIX]:
+        raise kernel_cache.DamagedEntry("empty cubin")
+    return CompiledKernel(name, stem.with_name(stem.name + CUBIN_SUFFIX), report,
+                          render.sha256(source), entry[CUBIN_SUFFIX])
+
+
+def _load_entry(name: str, stem: Path, source: str) -> CompiledKernel | None:
+    """The cached kernel at `stem`; None if there is none; DamagedEntry if it is damaged."""
+    entry = kernel_cache.read_entry(stem, ENTRY_PARTS)
+    return None if entry is None else _from_entry(name, stem, entry, source)
+
+
+def _build(name: str, source: str) -> CompiledKernel:
+    """Reads the kernel from the cache or compiles it and stores it. Across processes, one
+    compiles while the others wait on the entry's lock and then read what it wrote."""
+    key = cache_key(render.RenderedKernel(name=name, source=source, snippet_hashes={}))
+    stem = kernel_cache.cache_dir() / f"{name}-{key}"
+    try:
+        found = _load_entry(name, stem, source)
+        if found is not None:
+            return found
+    except kernel_cache.DamagedEntry:
+        pass   # perhaps mid-write by another process: judged again under the lock
+    with kernel_cache.entry_lock(stem) as locked:
+        if locked:
+            try:
+                found = _load_entry(name, stem, source)
+                if found is not None:
+                    return found
+            except kernel_cache.DamagedEntry as exc:
+                kernel_cache.warn_once(("damaged", str(stem)), f"hopmm: kernel cache entry "
+                                       f"{stem.name} is damaged ({exc}); compiling it again")
+        result = _run_compiler(name, source)
+        kernel = CompiledKernel(name, stem.with_name(stem.name + CUBIN_SUFFIX),
+                                ResourceReport.parse(result.log, name), render.sha256(source),
+                                result.cubin)
+        try:
+            kernel_cache.write_entry(stem, {CUBIN_SUFFIX: result.cubin,
+                                            LOG_SUFFIX: result.log.encode()})
+        except OSError as exc:
+            kernel_cache.report_unwritable(stem.parent, exc)
+        return kernel
+
+
 def _compile_cached(name: str, source: str) -> CompiledKernel:
-    kernel = render.RenderedKernel(name=name, source=source, snippet_hashes={})
-    key = cache_key(kernel)
-    cubin_path = cache_dir() / f"{name}-{key}.cubin"
-    log_path = cubin_path.with_suffix(".log")
-    report = _cached_report(name, cubin_path, log_path)
-    if report is None:
-        if os.environ.get("HOPMM_DUMP_SOURCE"):
-            Path(os.environ["HOPMM_DUMP_SOURCE"]).mkdir(parents=True, exist_ok=True)
-            (Path(os.environ["HOPMM_DUMP_SOURCE"]) / f"{name}.cu").write_text(source)
-        result = _compile_with_report(name, source)
-        report = ResourceReport.parse(result.log, name)
-        # The cubin first, the log last: a readable log marks a complete entry.
-        atomic_write(cubin_path, result.cubin)
-        atomic_write(log_path, result.log.encode())
-    return CompiledKernel(name=name, cubin_path=cubin_path, report=report,
-                          source_hash=render.sha256(source))
+    """Each kernel compiled (or read from disk) at most once per process: a second thread
+    asking for a kernel being compiled waits for it."""
+    key = (name, source)
+    found = _compiled.get(key)
+    if found is not None:
+        return found
+    with _memo_lock:
+        found = _compiled.get(key)
+        if found is not None:
+            return found
+        lock = _compiling.setdefault(key, threading.Lock())
+    with lock:
+        found = _compiled.get(key)
+        if found is None:
+            found = _build(name, source)
+            with _memo_lock:
+                _compiled[key] = found
+                _by_path[str(found.cubin_path)] = found
+                _compiling.pop(key, None)
+        return found
+
+
+def clear_memo() -> None:
+    """Forgets the kernels of this process (tests): the next request reads the cache again.
+    The loader's bytes (_by_path) stay: launch.compiled may still hand out those kernels."""
+    with _memo_lock:
+        _compiled.clear()
+
+
+# cubin path -> the latest CompiledKernel of that path, for the loader (launch._loaded), which
+# is keyed by path. Bounded like _compiled.
+_by_path: dict = {}
+
+
+def cubin_of(cubin_path: str) -> bytes:
+    """The verified content of a kernel this process compiled or read, by its cache path."""
+    kernel = _by_path.get(str(cubin_path))
+    if kernel is None:
+        raise KeyError(f"{cubin_path} is no kernel this process compiled or verified")
+    return kernel.cubin
 
 
 def compile_kernel(kernel: render.RenderedKernel) -> CompiledKernel:
     return _compile_cached(kernel.name, kernel.source)
+
+
+def compile_schedule(schedule, config) -> CompiledKernel:
+    """The kernel of `schedule` at `config`; KernelCompileError names both on failure."""
+    kernel = schedule.render(config)
+    try:
+        return compile_kernel(kernel)
+    except KernelCompileError as exc:
+        raise KernelCompileError(kernel.name, exc.log, schedule.name, config) from exc

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import threading
 from typing import NamedTuple
 
 from . import compile as compiler
@@ -19,18 +20,43 @@ class KernelResourceError(compiler.ResourceError):
     pass
 
 
+# Bounded by the kernels hopmm can render (schedules x configs), whatever the shapes.
 @functools.lru_cache(maxsize=None)
 def compiled(schedule, config) -> compiler.CompiledKernel:
-    return compiler.compile_kernel(schedule.render(config))
+    return compiler.compile_schedule(schedule, config)
 
 
+class LoadedKernel(NamedTuple):
+    module: object   # cupy.cuda.function.Module: keeps the code loaded while `kernel` is used
+    kernel: object   # cupy.cuda.function.Function (its `ptr` is the CUfunction)
+
+
+# Bounded by the kernels hopmm can render x the devices (a module is loaded per device).
+# Called under _load_lock only (loaded_kernel): two threads missing the cache at once would
+# otherwise each load a module, and the one the cache drops would be unloaded while the
+# launches built from it still hold its function.
 @functools.lru_cache(maxsize=None)
-def _loaded(cubin_path: str, name: str, smem_bytes: int, device_id: int):
-    import cupy
+def _loaded(cubin_path: str, name: str, smem_bytes: int, device_id: int) -> LoadedKernel:
+    """The kernel loaded on the current device from the verified bytes compile.py holds for
+    `cubin_path` (never from the file, which may have changed since it was verified, or
+    never have been written where the cache is read-only)."""
+    from cupy.cuda import driver, function
 
-    kernel = cupy.RawModule(path=cubin_path).get_function(name)
-    kernel.max_dynamic_shared_size_bytes = smem_bytes
-    return kernel
+    module = function.Module()
+    module.load(compiler.cubin_of(cubin_path))
+    kernel = module.get_function(name)
+    driver.funcSetAttribute(kernel.ptr, driver.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                            smem_bytes)
+    return LoadedKernel(module, kernel)
+
+
+_load_lock = threading.Lock()
+
+
+def loaded_kernel(cubin_path: str, name: str, smem_bytes: int, device_id: int):
+    """_loaded, one thread at a time: each kernel is loaded once per device."""
+    with _load_lock:
+        return _loaded(cubin_path, name, smem_bytes, device_id)
 
 
 # Programmatic dependent launch: each kernel is launched so that it may be scheduled while the
@@ -196,7 +222,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     problems = kernel_info.report.problems(smem, query(device_id).smem_per_block_optin)
     if problems:
         raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
-    kernel = _loaded(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
+    kernel = loaded_kernel(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
 
     # A: K-major -> one box of (64 k, a_rows rows); M-major -> boxes of (64 m, 64 k).
     # B: N-major -> boxes of (64 n, 64 k); K-major -> one box of (64 k, b_rows rows).

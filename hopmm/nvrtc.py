@@ -16,7 +16,11 @@ _LIBRARY_NAMES = ("libnvrtc.so.13", "libnvrtc.so")
 
 
 class CompileError(RuntimeError):
-    """NVRTC rejected a kernel; the message carries the compiler log."""
+    """NVRTC rejected a kernel; the message carries the compiler log, also in `log`."""
+
+    def __init__(self, message: str, log: str = ""):
+        super().__init__(message)
+        self.log = log
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ def compile_cubin(source: str, name: str, options: tuple[str, ...]) -> CompileRe
         status = lib.nvrtcCompileProgram(prog, len(options), opts)
         log = _read(prog, lib.nvrtcGetProgramLogSize, lib.nvrtcGetProgramLog).rstrip(b"\0").decode()
         if status != NVRTC_SUCCESS:
-            raise CompileError(f"{name}: {lib.nvrtcGetErrorString(status).decode()}\n{log}")
+            raise CompileError(f"{name}: {lib.nvrtcGetErrorString(status).decode()}\n{log}", log)
         cubin = _read(prog, lib.nvrtcGetCUBINSize, lib.nvrtcGetCUBIN)
         return CompileResult(cubin=cubin, log=log)
     finally:

@@ -35,7 +35,7 @@ def check_all(device: DeviceInfo) -> list[KernelCheck]:
     out = []
     for schedule in SCHEDULES.values():
         for cfg in schedule.configs(device.smem_per_block_optin):
-            kernel = compiler.compile_kernel(schedule.render(cfg))
+            kernel = compiler.compile_schedule(schedule, cfg)
             smem = schedule.smem_bytes(cfg)
             summary = sass.summarize(kernel.cubin_path, tool) if tool else None
             r = kernel.report

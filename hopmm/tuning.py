@@ -4,7 +4,10 @@ that `matmul` consults before the heuristic.
 The table is one JSON file in the kernel cache directory (HOPMM_CACHE_DIR). Writers take an
 exclusive lock, re-read the file, merge their entries and replace it atomically, so several
 processes can tune at once without losing each other's results; readers never see a partial
-file and pick up other processes' entries when the file changes.
+file and pick up other processes' entries when the file changes. A table that is not this
+user's, that others can write, or that does not parse is reported once (CacheWarning), never
+used, and replaced by the next write; where the cache cannot be written, results are kept in
+memory for this process.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import compile as compiler
+from . import kernel_cache
 from .device import DeviceInfo
 from .heuristics import SPLIT_K_MAX_SPLITS, Choice, split_configs
 from .layout import MAX_GRID_Z
@@ -97,6 +101,7 @@ class _Table:
         self._path = None
         self._stamp = None
         self._entries: dict = {}
+        self.in_memory: dict = {}   # results that could not be written (unwritable cache)
 
     def entries(self) -> dict:
         path = table_path()
@@ -107,22 +112,38 @@ class _Table:
             stamp = None
         with self._lock:
             if path != self._path or stamp != self._stamp:
-                self._entries = _read(path) if stamp else {}
+                self._entries = dict(_read(path) if stamp else {}, **self.in_memory)
                 self._path, self._stamp = path, stamp
             return self._entries
+
+    def keep_in_memory(self, new: dict) -> None:
+        with self._lock:
+            self.in_memory.update(new)
+            self._stamp = self._path = None   # merged in at the next lookup
 
 
 _table = _Table()
 
 
 def _read(path: Path) -> dict:
+    """The table's entries; {} (warned once per state of the file) for a missing, foreign,
+    unsafe or corrupt table."""
     try:
-        raw = json.loads(path.read_text())
+        raw = json.loads(kernel_cache.read_trusted(path).decode())
         if not isinstance(raw, dict) or not all(isinstance(v, dict) for v in raw.values()):
             raise ValueError("expected an object of objects")
         return {k: TunedEntry(**v) for k, v in raw.items()}
-    except (OSError, ValueError, TypeError) as exc:
-        print(f"hopmm: ignoring unreadable autotune table {path}: {exc}", file=sys.stderr)
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError, TypeError) as exc:   # UnicodeDecodeError is a ValueError
+        try:
+            st = path.stat()
+            state = (st.st_ino, st.st_mtime_ns, st.st_size)
+        except OSError:
+            state = None
+        kernel_cache.warn_once(("table", str(path), state),
+                               f"hopmm: ignoring unreadable autotune table {path}: {exc}; "
+                               f"the next autotune result replaces it")
         return {}
 
 
@@ -139,14 +160,17 @@ def lookup(problem: Problem, device: DeviceInfo) -> Choice | None:
 
 def record(new: dict) -> None:
     """Merges {problem_key: TunedEntry} into the table under an exclusive lock."""
-    path = table_path()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        merged = _read(path) if path.exists() else {}
-        merged.update(new)
-        text = json.dumps({k: asdict(v) for k, v in sorted(merged.items())}, indent=1)
-        compiler.atomic_write(path, text.encode())
+    path = compiler.cache_dir(create=True) / TABLE_NAME
+    try:
+        with open(path.with_suffix(".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            merged = _read(path)
+            merged.update(new)
+            text = json.dumps({k: asdict(v) for k, v in sorted(merged.items())}, indent=1)
+            compiler.atomic_write(path, text.encode())
+    except OSError as exc:
+        kernel_cache.report_unwritable(path.parent, exc)
+        _table.keep_in_memory(new)
 
 
 def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:

@@ -14,10 +14,17 @@ pool, whose free chunks are kept per stream: only later work on the same stream,
 ordered after the kernels still using the old chunk, can receive it.
 (A caveat: a stream destroyed while its split-K kernels still run and a new stream that gets
 the same handle would share the pair.)
+
+At most MAX_WORKSPACES pairs are kept, the least recently made or grown dropped first (a hit
+stays lock-free, so it does not reorder them): a program that makes streams (or threads, each
+with its own per-thread default stream) without end would otherwise hold a pair for each.
+Dropping one is safe for the reason growing is: its memory goes back to its stream's pool, for
+later work on that stream only.
 """
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 # Allocations grow to at least this, and by doubling, so a sequence of growing problems
@@ -25,6 +32,9 @@ from dataclasses import dataclass
 MIN_WORKSPACE_BYTES = 1 << 20
 MIN_SEMAPHORES = 1024
 PER_THREAD_DEFAULT_STREAM = 2   # cudaStreamPerThread
+# Pairs kept at once: well above the streams a program keeps busy at one time (a few per
+# device), so only streams it has stopped using lose theirs.
+MAX_WORKSPACES = 64
 
 
 @dataclass
@@ -41,7 +51,7 @@ class Workspace:
         return self.semaphores.data.ptr
 
 
-_workspaces: dict = {}
+_workspaces: OrderedDict = OrderedDict()   # (device, stream, thread) -> Workspace, LRU order
 _lock = threading.Lock()
 
 
@@ -77,6 +87,9 @@ def get(device_id: int, stream_ptr: int, workspace_bytes: int, semaphores: int) 
                                      MIN_SEMAPHORES), dtype=cupy.uint32)
         ws = Workspace(data, sems)
         _workspaces[key] = ws
+        _workspaces.move_to_end(key)
+        while len(_workspaces) > MAX_WORKSPACES:
+            _workspaces.popitem(last=False)
         return ws
 
 

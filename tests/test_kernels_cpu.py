@@ -202,18 +202,19 @@ def test_compile_error_carries_the_log():
 def test_damaged_cache_entry_is_recompiled(tmp_path, monkeypatch, damage):
     """A partial or foreign cache entry is rebuilt, never trusted or fatal."""
     monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
-    compiler._compile_cached.cache_clear()
+    compiler.clear_memo()
     sched, cfg = CASES[0]
     first = compiler.compile_kernel(sched.render(cfg))
     log = first.cubin_path.with_suffix(".log")
     {"empty_log": lambda: log.write_text(""),
      "no_cubin": lambda: first.cubin_path.unlink(),
      "empty_cubin": lambda: first.cubin_path.write_bytes(b"")}[damage]()
-    compiler._compile_cached.cache_clear()
-    again = compiler.compile_kernel(sched.render(cfg))
+    compiler.clear_memo()
+    with pytest.warns(compiler.kernel_cache.CacheWarning, match="damaged"):
+        again = compiler.compile_kernel(sched.render(cfg))
     assert again.report == first.report and again.cubin_path.stat().st_size > 0
     assert compiler.ResourceReport.parse(log.read_text(), first.name) == first.report
-    compiler._compile_cached.cache_clear()
+    compiler.clear_memo()
 
 
 def test_a_compile_served_from_nvrtcs_own_cache_still_gets_its_report(tmp_path, monkeypatch):
@@ -221,7 +222,7 @@ def test_a_compile_served_from_nvrtcs_own_cache_still_gets_its_report(tmp_path, 
     GPU machine): hopmm compiles a program new to NVRTC for the report, keeps the first cubin,
     and reads the report of its own kernel, not of the extra one."""
     monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
-    compiler._compile_cached.cache_clear()
+    compiler.clear_memo()
     sched, cfg = CASES[0]
     rendered = sched.render(cfg)
     # Where NVRTC has compiled this source before (the GPU machine), the reference itself
@@ -236,7 +237,7 @@ def test_a_compile_served_from_nvrtcs_own_cache_still_gets_its_report(tmp_path, 
 
     monkeypatch.setattr(compiler.nvrtc, "compile_cubin", first_call_hits_nvrtcs_cache)
     kernel = compiler.compile_kernel(rendered)
-    compiler._compile_cached.cache_clear()
+    compiler.clear_memo()
     assert len(sources) == 2 and sources[0] == rendered.source != sources[1]
     assert kernel.report == compiler.ResourceReport.parse(reference.log, rendered.name)
     assert kernel.cubin_path.read_bytes() == reference.cubin

@@ -1,0 +1,149 @@
+"""The small program bench/reliability.py runs in its child processes (alone, under
+compute-sanitizer, several at once on one cache): products of the given shapes through
+hopmm.matmul, each checked against a float32 product computed on the host, or autotune runs.
+
+    python bench/reliability_driver.py [--schedule NAME] [--autotune] SHAPE [SHAPE ...]
+
+A SHAPE is MxNxK followed by any of ":b<batch>", ":ta" (A stored transposed), ":tb",
+":pitch" (operands are views with an odd row pitch), ":fp16" (else bfloat16). The last line
+printed is a JSON summary: cases checked, failures, the compiles this process ran and the
+kernels it holds. Exit status 1 if any product was wrong.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+
+# Extra elements at the end of each row of an operand made with ":pitch": an odd count, so
+# the view's row pitch is no multiple of 16 bytes and hopmm must handle the unaligned rows.
+ODD_PITCH_PAD = 3
+# ‖hopmm − ref‖ / ‖ref‖ a correct fp32-accumulating kernel stays under (tests/forced.py).
+TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3}
+SEED = 20
+
+
+@dataclass(frozen=True)
+class Case:
+    m: int
+    n: int
+    k: int
+    batch: int = 0            # 0: plain matrices; else a leading batch dimension
+    trans_a: bool = False
+    trans_b: bool = False
+    odd_pitch: bool = False
+    dtype: str = "bfloat16"
+
+    @classmethod
+    def parse(cls, spec: str) -> "Case":
+        dims, *flags = spec.split(":")
+        m, n, k = (int(x) for x in dims.lower().split("x"))
+        fields = {}
+        for flag in flags:
+            if flag.startswith("b") and flag[1:].isdigit():
+                fields["batch"] = int(flag[1:])
+            elif flag in ("ta", "tb"):
+                fields["trans_" + flag[1]] = True
+            elif flag == "pitch":
+                fields["odd_pitch"] = True
+            elif flag == "fp16":
+                fields["dtype"] = "float16"
+            else:
+                raise ValueError(f"unknown flag {flag!r} in shape {spec!r}")
+        return cls(m, n, k, **fields)
+
+    def spec(self) -> str:
+        flags = ([f"b{self.batch}"] if self.batch else []) + (["ta"] if self.trans_a else []) \
+            + (["tb"] if self.trans_b else []) + (["pitch"] if self.odd_pitch else []) \
+            + (["fp16"] if self.dtype == "float16" else [])
+        return ":".join([f"{self.m}x{self.n}x{self.k}", *flags])
+
+
+def operand(rng, rows: int, cols: int, batch: int, transposed: bool, odd_pitch: bool,
+            dtype: str):
+    """A (batch..., rows, cols) operand on the GPU, stored transposed or with an odd row
+    pitch as asked; made on the host so that no random-number kernel runs on the device."""
+    import cupy
+
+    lead = (batch,) if batch else ()
+    stored = (cols, rows) if transposed else (rows, cols)
+    pad = ODD_PITCH_PAD if odd_pitch else 0
+    host = rng.standard_normal(lead + (stored[0], stored[1] + pad)).astype("float32")
+    x = cupy.asarray(host).astype(dtype)[..., :stored[1]]
+    return x.swapaxes(-1, -2) if transposed else x
+
+
+def rel_err(got, a, b) -> float:
+    import numpy
+
+    ref = numpy.matmul(a.astype("float32").get(), b.astype("float32").get())
+    out = got.astype("float32").get()
+    if out.shape != ref.shape or not numpy.isfinite(out).all():
+        return float("inf")
+    denom = float(numpy.linalg.norm(ref)) or 1.0
+    return float(numpy.linalg.norm(out - ref)) / denom
+
+
+def ran_schedule(a, b) -> str | None:
+    """The schedule hopmm.explain says the product of a and b runs on (None: no kernel)."""
+    import hopmm
+
+    prefix = "schedule: "
+    return next((line[len(prefix):] for line in hopmm.explain(a, b).splitlines()
+                 if line.startswith(prefix)), None)
+
+
+def check(case: Case, rng, schedule: str | None) -> float:
+    """The relative error of hopmm's product; ValueError where a forced schedule did not
+    run."""
+    import hopmm
+
+    a = operand(rng, case.m, case.k, case.batch, case.trans_a, case.odd_pitch, case.dtype)
+    b = operand(rng, case.k, case.n, case.batch, case.trans_b, case.odd_pitch, case.dtype)
+    if schedule is not None and ran_schedule(a, b) != schedule:
+        raise ValueError(f"ran on {ran_schedule(a, b)}, not the forced {schedule}")
+    return rel_err(hopmm.matmul(a, b), a, b)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--schedule", default=None, help="force this schedule")
+    parser.add_argument("--autotune", action="store_true",
+                        help="autotune the shapes (row-major, bfloat16) instead")
+    parser.add_argument("shapes", nargs="+")
+    args = parser.parse_args(argv)
+    cases = [Case.parse(s) for s in args.shapes]
+
+    import numpy
+
+    import hopmm
+    from hopmm import compile as compiler
+
+    failures = 0
+    if args.autotune:
+        rows = hopmm.autotune([(c.m, c.n, c.k) for c in cases], warmup_s=0.05, rounds=2,
+                              input_sets=1)
+        print(f"autotuned {len(rows)} shapes: {[r['best'] for r in rows]}")
+    else:
+        os.environ.setdefault("HOPMM_STRICT", "1")   # a fallback to cupy.matmul is a failure
+        hopmm.use_schedule(args.schedule)
+        rng = numpy.random.default_rng(SEED)
+        for case in cases:
+            try:
+                err = check(case, rng, args.schedule)
+            except Exception as exc:   # reported and counted: the summary must come out
+                print(f"{case.spec()}: ERROR {type(exc).__name__}: {exc}")
+                failures += 1
+                continue
+            ok = err < TOLERANCE[case.dtype]
+            failures += not ok
+            print(f"{case.spec()}: {'ok' if ok else 'WRONG'} rel err {err:.2e}")
+    print(json.dumps({"cases": len(cases), "failures": failures,
+                      "compiles": compiler.compile_count, "kernels": len(compiler._compiled)}))
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

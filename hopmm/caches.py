@@ -1,0 +1,46 @@
+"""Every cache hopmm keeps in a process, what keys it and what bounds it. None grows with the
+number of distinct shapes without a limit, so a long-running process stays flat in memory:
+
+| cache | key | bound |
+|---|---|---|
+| heuristics.choose (lru_cache) | problem, device, forced schedule | 4096 entries |
+| fastpath._recipes | operand shapes/strides/dtypes/alignment, device | MAX_RECIPES, then cleared |
+| tensor maps of a launch (C++ KernelLaunch) | base address of A, B, C | 4 per map |
+| workspace._workspaces (split-K scratch) | device, stream, thread | MAX_WORKSPACES, oldest out |
+| launch.compiled (lru_cache) | schedule, config | the kernels hopmm can render |
+| compile._compiled (verified cubins) | kernel name, source | the kernels hopmm can render |
+| launch._loaded (lru_cache) | kernel, shared memory, device | kernels x devices |
+| device.query (lru_cache) | device id | the devices |
+| tuning._table | the autotune table file | one table (its entries: tuned shapes) |
+
+`sizes()` reports them all, for the soak test of bench/reliability.py.
+"""
+from __future__ import annotations
+
+
+def sizes() -> dict:
+    """{cache name: entries held now}."""
+    from . import compile as compiler
+    from . import device, fastpath, heuristics, launch, tuning, workspace
+
+    return {
+        "heuristics.choose": heuristics.choose.cache_info().currsize,
+        "fastpath.recipes": len(fastpath._recipes),
+        "workspace.workspaces": len(workspace._workspaces),
+        "launch.compiled": launch.compiled.cache_info().currsize,
+        "compile.compiled": len(compiler._compiled),
+        "launch.loaded": launch._loaded.cache_info().currsize,
+        "device.query": device.query.cache_info().currsize,
+        "tuning.table": len(tuning._table._entries),
+    }
+
+
+def bounds() -> dict:
+    """{cache name: the most entries it can hold} for the caches bounded by a number."""
+    from . import fastpath, heuristics, workspace
+
+    return {
+        "heuristics.choose": heuristics.choose.cache_info().maxsize,
+        "fastpath.recipes": fastpath.MAX_RECIPES,
+        "workspace.workspaces": workspace.MAX_WORKSPACES,
+    }

@@ -1,0 +1,210 @@
+"""CPU: the parts of bench/reliability.py that need no GPU: arguments, the sanitizer's
+command lines and plan, how a sanitizer run is judged, the summary table, finding
+compute-sanitizer, the shapes' notation and the cache check."""
+import importlib.util
+import os
+import random
+import sys
+from pathlib import Path
+
+import pytest
+
+from hopmm import kernel_cache
+from hopmm.schedules import SCHEDULES
+
+BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+
+
+def _load(name, filename):
+    sys.path.insert(0, str(BENCH_DIR))
+    try:
+        spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module   # dataclasses look their module up there
+        spec.loader.exec_module(module)
+        return module
+    finally:
+        sys.path.remove(str(BENCH_DIR))
+
+
+rel = _load("hopmm_reliability_under_test", "reliability.py")
+driver = _load("hopmm_reliability_driver_under_test", "reliability_driver.py")
+
+
+def test_arguments_default_quick_and_explicit():
+    args = rel.parse_args([])
+    assert args.items == list(rel.ITEMS) and not args.quick
+    assert (args.soak_s, args.threads_s) == (rel.DEFAULT_SOAK_S, rel.DEFAULT_THREADS_S)
+    quick = rel.parse_args(["--quick"])
+    assert (quick.soak_s, quick.threads_s) == (rel.QUICK_SOAK_S, rel.QUICK_THREADS_S)
+    given = rel.parse_args(["--quick", "--soak-s", "7", "--threads-s", "3",
+                            "--items", "soak, threads"])
+    assert (given.soak_s, given.threads_s, given.items) == (7.0, 3.0, ["soak", "threads"])
+
+
+@pytest.mark.parametrize("argv", [["--items", "soak,nonsense"], ["--soak-s", "-1"],
+                                  ["--threads-s", "x"]])
+def test_bad_arguments_are_refused(argv, capsys):
+    with pytest.raises(SystemExit):
+        rel.parse_args(argv)
+    assert "error" in capsys.readouterr().err
+
+
+def test_default_runtime_budget_leaves_room_for_the_other_items():
+    """Threads and soak together take at most half of the 6-minute default budget."""
+    assert rel.DEFAULT_SOAK_S + rel.DEFAULT_THREADS_S <= 180
+
+
+def test_sanitizer_command_runs_the_driver_on_one_schedule_under_one_tool():
+    cmd = rel.sanitizer_command("/opt/cs/compute-sanitizer", "racecheck", "pingpong",
+                                ["129x257x130", "96x192x849"])
+    assert cmd[0] == "/opt/cs/compute-sanitizer"
+    assert cmd[cmd.index("--tool") + 1] == "racecheck"
+    assert cmd[cmd.index("--error-exitcode") + 1] == str(rel.SANITIZER_ERROR_EXIT)
+    assert cmd[cmd.index("--kernel-name") + 1] == "kns=hopmm"
+    program = cmd.index(sys.executable)
+    assert "--tool" not in cmd[program:]                   # sanitizer options come first
+    assert cmd[program + 1].endswith("reliability_driver.py")
+    assert cmd[cmd.index("--schedule") + 1] == "pingpong"
+    assert cmd[-2:] == ["129x257x130", "96x192x849"]
+    # initcheck must see the kernels that initialise the operands: no kernel filter
+    init = rel.sanitizer_command("cs", "initcheck", "persistent", ["1x2x3"])
+    assert "--kernel-name" not in init and init[init.index("--tool") + 1] == "initcheck"
+
+
+@pytest.mark.parametrize("quick", [False, True])
+def test_sanitizer_plan_covers_every_tool_and_schedule_on_edge_shapes(quick):
+    plan = rel.sanitizer_plan(list(SCHEDULES), quick)
+    assert {(tool, s) for tool, s, _ in plan} == {(t, s) for t in rel.TOOLS for s in SCHEDULES}
+    memcheck = {tuple(shapes) for tool, _, shapes in plan if tool == "memcheck"}
+    racecheck = {tuple(shapes) for tool, _, shapes in plan if tool == "racecheck"}
+    assert len(memcheck) == len(racecheck) == 1
+    assert 1 <= len(next(iter(racecheck))) <= 2 < len(next(iter(memcheck)))
+    for _, _, shapes in plan:
+        for spec in shapes:
+            assert driver.Case.parse(spec).spec() == spec
+
+
+def test_edge_shapes_hold_the_edges_they_are_named_for():
+    cases = {name: driver.Case.parse(spec) for name, spec in rel.EDGE_SHAPES.items()}
+    assert cases["one_row"].m == 1 and cases["one_col"].n == 1
+    assert cases["short_k"].k < 64                         # below one k-block
+    assert cases["k_split"].k % 64 and cases["k_split"].k // 64 >= 8
+    assert cases["batch"].batch > 1 and cases["odd_pitch"].odd_pitch
+    assert cases["tile_edge"].m % 128 == 1 and cases["tile_edge"].n % 128 == 1
+
+
+def test_shape_notation_round_trips_and_rejects_unknown_flags():
+    case = driver.Case.parse("100x72x136:b3:ta:pitch:fp16")
+    assert (case.m, case.n, case.k, case.batch, case.trans_a, case.trans_b) == (
+        100, 72, 136, 3, True, False)
+    assert case.odd_pitch and case.dtype == "float16"
+    assert driver.Case.parse(case.spec()) == case
+    with pytest.raises(ValueError, match="unknown flag"):
+        driver.Case.parse("1x2x3:sideways")
+
+
+CLEAN = ("all good\n{\"cases\": 2, \"failures\": 0, \"compiles\": 0, \"kernels\": 1}\n"
+         "========= ERROR SUMMARY: 0 errors\n")
+RACY = ("{\"cases\": 2, \"failures\": 0, \"compiles\": 0, \"kernels\": 1}\n"
+        "========= Error: Race reported between Write access at hopmm_x+0x10\n"
+        "========= RACECHECK SUMMARY: 1 hazard displayed (1 error, 0 warnings)\n"
+        "========= ERROR SUMMARY: 1 error\n")
+WRONG = "x: WRONG\n{\"cases\": 2, \"failures\": 1, \"compiles\": 0, \"kernels\": 1}\n"
+
+
+@pytest.mark.parametrize("rc,output,status,words", [
+    (0, CLEAN, "ok", "0 errors"),
+    (rel.SANITIZER_ERROR_EXIT, RACY, "FAIL", "Race reported"),
+    (1, WRONG, "FAIL", "exit 1"),
+    (0, WRONG, "FAIL", "1 of 2 products wrong"),
+    (0, "crashed before the summary", "FAIL", "exit 0"),
+])
+def test_a_sanitizer_run_is_judged_by_its_exit_status_errors_and_products(rc, output, status,
+                                                                          words):
+    got, detail = rel.judge_sanitizer_run(rc, output)
+    assert got == status and words in detail
+
+
+def test_summary_table_counts_per_item_and_names_the_first_failure():
+    results = [rel.Result("sanitize", "memcheck persistent", "ok", "", 3.0),
+               rel.Result("sanitize", "racecheck pingpong", "FAIL", "race", 4.0),
+               rel.Result("sanitize", "racecheck split_k", "FAIL", "race", 1.0),
+               rel.Result("soak", "60 s", "ok", "", 60.0),
+               rel.Result("threads", "16 threads", "skip", "", 0.0)]
+    table = rel.summary_table(results).splitlines()
+    cells = {row.split("|")[0].strip(): [c.strip() for c in row.split("|")]
+             for row in table[2:]}
+    assert cells["sanitize"][1:6] == ["3", "1", "2", "0", "8"]
+    assert cells["sanitize"][6] == "racecheck pingpong"
+    assert cells["soak"][1:5] == ["1", "1", "0", "0"]
+    assert cells["threads"][4] == "1"
+    assert cells["total"][1:5] == ["5", "2", "2", "1"]
+    assert "[sanitize] racecheck pingpong: FAIL" in rel.line(results[1])
+
+
+def test_compute_sanitizer_is_found_on_path_or_reported_absent(tmp_path, monkeypatch):
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    monkeypatch.setattr(rel.glob, "glob", lambda *a, **k: [])   # no CUDA install, no wheels
+    monkeypatch.setenv("PATH", str(tmp_path))
+    path, places = rel.find_sanitizer()
+    assert path is None and "PATH" in places
+    tool = tmp_path / rel.SANITIZER_NAME
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert rel.find_sanitizer()[0] == str(tool)
+    assert rel.find_sanitizer(str(tmp_path / "missing"))[0] is None
+
+
+def test_compute_sanitizer_is_found_under_cuda_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    (tmp_path / "cuda" / "bin").mkdir(parents=True)
+    tool = tmp_path / "cuda" / "bin" / rel.SANITIZER_NAME
+    tool.write_text("#!/bin/sh\n")
+    tool.chmod(0o755)
+    assert rel.find_sanitizer()[0] == str(tool)
+
+
+def test_random_cases_are_seeded_and_in_range():
+    first = [rel.random_case(random.Random(5)) for _ in range(1)]
+    again = [rel.random_case(random.Random(5)) for _ in range(1)]
+    assert first == again
+    rng = random.Random(1)
+    cases = [rel.random_case(rng) for _ in range(500)]
+    assert all(1 <= d <= rel.RANDOM_MAX_DIM for c in cases for d in (c.m, c.n, c.k))
+    assert {c.dtype for c in cases} == {"bfloat16", "float16"}
+    assert any(c.batch for c in cases) and any(c.trans_a for c in cases)
+    assert min(c.m for c in cases) < 8 and max(c.m for c in cases) > 512
+
+
+def test_driver_summary_is_the_last_json_line():
+    assert rel.driver_summary("noise\n{\"cases\": 1}\nmore noise\n") == {"cases": 1}
+    assert rel.driver_summary("no summary at all") is None
+
+
+def test_verify_cache_finds_damaged_entries_and_leftovers(tmp_path):
+    good, bad = tmp_path / "good", tmp_path / "bad"
+    for stem in (good, bad):
+        kernel_cache.write_entry(stem, {".cubin": b"\x7fELF", ".log": b"log"})
+    (tmp_path / "bad.cubin").write_bytes(b"\x7fELF changed")
+    (tmp_path / "x.cubin123.tmp").write_bytes(b"")
+    problems = rel.verify_cache(tmp_path)
+    assert len(problems) == 2
+    assert any(p.startswith("bad:") for p in problems)
+    assert any("left over" in p for p in problems)
+    assert not any(p.startswith("good") for p in problems)
+    assert os.path.exists(good.with_name("good.cubin"))
+
+
+def test_commands_run_together_and_each_output_comes_back():
+    """Each child prints when it started and ended: all start before any ends."""
+    script = ("import sys, time; start = time.time(); time.sleep(1.0); "
+              "print(sys.argv[1], start, time.time()); sys.exit(int(sys.argv[1]))")
+    done = rel.run_together([[sys.executable, "-c", script, str(i)] for i in range(3)],
+                            dict(os.environ))
+    assert [rc for rc, _ in done] == [0, 1, 2]
+    fields = [out.split() for _, out in done]
+    assert [f[0] for f in fields] == ["0", "1", "2"]
+    assert max(float(f[1]) for f in fields) < min(float(f[2]) for f in fields)
