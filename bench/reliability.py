@@ -106,6 +106,23 @@ QUICK_TOOL_SHAPES = {
     "initcheck": ("odd_pitch",),
 }
 
+# initcheck does not count TMA bulk stores as writes, so it reports the split-K kernels'
+# reads of their fp32 workspace, which only TMA stores write, as reads of uninitialised
+# memory. That those reads follow the writes is shown by
+# tests/test_gpu_split_k.py::test_workspace_is_written_before_it_is_read (a NaN-filled
+# workspace before each call).
+WORKSPACE_SCHEDULES = ("split_k", "split_k_parallel")
+UNINITIALISED_READ = "Uninitialized __global__ memory read"
+KNOWN_BLIND_SPOT = ("initcheck does not see TMA stores into the split-K workspace "
+                    "(test_workspace_is_written_before_it_is_read checks the order)")
+
+
+def known_blind_spot(tool: str, schedule: str, detail: str) -> bool:
+    """Whether a failed sanitizer run is the one blind spot above and nothing else."""
+    return (tool == "initcheck" and schedule in WORKSPACE_SCHEDULES
+            and UNINITIALISED_READ in detail and "Invalid" not in detail)
+
+
 PROCESSES = 8
 # Two kernels (the heuristic's choices for these shapes): a plain GEMM and a split-K one.
 PROCESS_SHAPES = ("1024x1024x1024", "64x1024x8192")
@@ -148,7 +165,7 @@ SEED = 20
 class Result:
     item: str
     name: str
-    status: str       # "ok", "FAIL" or "skip"
+    status: str       # "ok", "FAIL", "skip" or "known" (a tool's blind spot, named in detail)
     detail: str
     seconds: float = 0.0
 
@@ -165,17 +182,18 @@ def emit(results: list, r: Result) -> Result:
 
 def summary_table(results: list) -> str:
     """Per item: checks, ok, failed, skipped and the first failure's name; then a total."""
-    rows = [("item", "checks", "ok", "failed", "skipped", "seconds", "first failure")]
+    rows = [("item", "checks", "ok", "failed", "skipped", "known", "seconds", "first failure")]
+
+    def counts(rs):
+        return tuple(str(sum(r.status == s for r in rs)) for s in ("ok", "FAIL", "skip", "known"))
+
     for item in dict.fromkeys(r.item for r in results):
         rs = [r for r in results if r.item == item]
         failed = [r for r in rs if r.status == "FAIL"]
-        rows.append((item, str(len(rs)), str(sum(r.status == "ok" for r in rs)),
-                     str(len(failed)), str(sum(r.status == "skip" for r in rs)),
-                     f"{sum(r.seconds for r in rs):.0f}", failed[0].name if failed else "-"))
-    total_failed = sum(r.status == "FAIL" for r in results)
-    rows.append(("total", str(len(results)), str(sum(r.status == "ok" for r in results)),
-                 str(total_failed), str(sum(r.status == "skip" for r in results)),
-                 f"{sum(r.seconds for r in results):.0f}", "-"))
+        rows.append((item, str(len(rs))) + counts(rs)
+                    + (f"{sum(r.seconds for r in rs):.0f}", failed[0].name if failed else "-"))
+    rows.append(("total", str(len(results))) + counts(results)
+                + (f"{sum(r.seconds for r in results):.0f}", "-"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     fmt = lambda row: " | ".join(c.ljust(w) for c, w in zip(row, widths))  # noqa: E731
     return "\n".join([fmt(rows[0]), "-+-".join("-" * w for w in widths)]
@@ -382,6 +400,8 @@ def sanitize(args, results: list) -> None:
             status, detail = judge_sanitizer_run(done.returncode, done.stdout + done.stderr)
         except subprocess.TimeoutExpired:
             status, detail = "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
+        if status == "FAIL" and known_blind_spot(tool, schedule, detail):
+            status, detail = "known", f"{KNOWN_BLIND_SPOT}; {detail}"
         return Result("sanitize", f"{tool} {schedule}", status,
                       f"{len(shapes)} shapes: {detail}", time.time() - start)
 

@@ -98,10 +98,18 @@ def _unsupported_reason(a, b, out, dev: device_mod.DeviceInfo) -> str | None:
     return None
 
 
+def cupy_matmul_takes(dtype_name: str, batch_shape: tuple) -> bool:
+    """Whether cupy.matmul computes such a call: CuPy 14's batched path has no bfloat16 (it
+    raises TypeError "data type 'E' not understood"), so such calls never route there."""
+    return not (dtype_name == "bfloat16" and len(batch_shape) > 0)
+
+
 def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes) -> str | None:
     """heuristics.copy_route_reason for the aligned copies this call would make, unless a
     schedule is forced or HOPMM_STRICT asks for hopmm's kernels."""
     if _schedule_override or os.environ.get(STRICT_ENV, "") not in ("", "0"):
+        return None
+    if not cupy_matmul_takes(a.dtype.name, shapes.batch_shape):
         return None
     copied = 0
     for x, is_vector, axis in ((a, shapes.a_is_vector, 0), (b, shapes.b_is_vector, 1)):
@@ -164,7 +172,7 @@ def matmul(a, b, out=None):
     # The fast path declines anything but cupy arrays (k is None): torch tensors are taken
     # here, after it, so that a plain cupy call pays nothing for them.
     if k is None and interop.has_tensor((a, b, out)):
-        return interop.call_with_tensors(matmul, (a, b, out), {})
+        return interop.matmul_tensors(matmul, a, b, out)
     import cupy
 
     p = plan(a, b, out)

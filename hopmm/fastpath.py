@@ -170,28 +170,36 @@ generation = 0
 
 def repeat(a, b, out):
     """(result, key): the result of this call from the recipe remembered under its key, None
-    where it takes the full path (no recipe, or the recipe declines it); the key holds what
-    every decision of a call depends on, None for calls that are never remembered. One
-    function, the key computed inline: the whole host path of a repeat is a few calls."""
+    where it takes the full path (no recipe, or the recipe declines it), and key(a, b, out).
+    The whole host path of a repeat is a few calls."""
+    k = key(a, b, out)
+    if k is None:
+        return None, None
+    recipe = _recipes.get(k)
+    return (None if recipe is None else recipe.run(a, b, out)), k
+
+
+def key(a, b, out):
+    """The key of a call's recipe: what every decision of the call depends on; None for calls
+    that are never remembered (operands that are not cupy arrays on the current device)."""
     cupy = _cupy or _bind_cupy()
     ndarray = cupy.ndarray
     if type(a) is not ndarray or type(b) is not ndarray:
-        return None, None
+        return None
     device = cupy.cuda.runtime.getDevice()
     a_data, b_data = a.data, b.data
     if a_data.device_id != device or b_data.device_id != device:
-        return None, None
+        return None
     k = (a.shape, a.strides, a.dtype, a_data.ptr % TMA_ALIGN == 0,
          b.shape, b.strides, b.dtype, b_data.ptr % TMA_ALIGN == 0, device)
     if out is not None:
         if type(out) is not ndarray:
-            return None, None
+            return None
         out_data = out.data
         if out_data.device_id != device:
-            return None, None
+            return None
         k += (out.shape, out.strides, out.dtype, out_data.ptr % TMA_ALIGN == 0)
-    recipe = _recipes.get(k)
-    return (None if recipe is None else recipe.run(a, b, out)), k
+    return k
 
 
 def lookup(k):

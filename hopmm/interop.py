@@ -24,11 +24,17 @@ from __future__ import annotations
 import functools
 import sys
 
+from . import fastpath
+from .layout import TMA_ALIGN
+
 # cupy ExternalStream wrappers kept per (device, stream pointer): a process uses a handful of
 # torch streams, and a wrapper costs a few microseconds to make. Past this many the cache is
 # dropped rather than grown (streams are created and destroyed by some programs).
 MAX_STREAMS = 64
 _streams: dict = {}
+# Torch calls that repeat through direct launches: _tensor_key -> (fastpath.DirectRecipe,
+# fastpath.generation when remembered).
+_direct: dict = {}
 
 
 def _tensor_type():
@@ -59,9 +65,77 @@ def _positional_names(func, count: int) -> list[str]:
     return names[:count] + [f"argument {i}" for i in range(len(names), count)]
 
 
-def call_with_tensors(func, args: tuple, kwargs: dict):
+def matmul_tensors(matmul, a, b, out):
+    """hopmm.matmul of torch tensors: a repeat of a call that launched straight from and into
+    its operands goes through its remembered launches (`_direct_repeat`); any other call is
+    converted through DLPack (call_with_tensors), and remembered where it can so repeat."""
+    result = _direct_repeat(a, b, out)
+    if result is not None:
+        return result
+
+    def remember(cupy_args, cupy_kwargs, cupy_result):
+        recipe = fastpath.lookup(fastpath.key(*cupy_args))
+        if isinstance(recipe, fastpath.DirectRecipe):
+            k = _tensor_key(a, b, out)
+            if k is not None:
+                if len(_direct) >= fastpath.MAX_RECIPES:
+                    _direct.clear()
+                _direct[k] = (recipe, fastpath.generation)
+
+    return call_with_tensors(matmul, (a, b, out), {}, after=remember)
+
+
+def _tensor_key(a, b, out):
+    """What fastpath.key holds, of torch tensors on the current device (None otherwise): a
+    tensor's strides in elements stand for cupy's in bytes, since the dtype is in the key."""
+    torch = sys.modules["torch"]
+    tensor = torch.Tensor
+    if type(a) is not tensor or type(b) is not tensor:
+        return None
+    if a.requires_grad or b.requires_grad:
+        return None   # call_with_tensors refuses or detaches them
+    device = a.get_device()
+    if device < 0 or b.get_device() != device or device != _current_device():
+        return None
+    k = (a.shape, a.stride(), a.dtype, a.data_ptr() % TMA_ALIGN == 0,
+         b.shape, b.stride(), b.dtype, b.data_ptr() % TMA_ALIGN == 0, device)
+    if out is not None:
+        if type(out) is not tensor or out.requires_grad or out.get_device() != device:
+            return None
+        k += (out.shape, out.stride(), out.dtype, out.data_ptr() % TMA_ALIGN == 0)
+    return k
+
+
+def _current_device() -> int:
+    import cupy
+
+    return cupy.cuda.runtime.getDevice()
+
+
+def _direct_repeat(a, b, out):
+    """The result of a repeat through its remembered direct launches, on the current torch
+    stream, into a new torch tensor or `out`; None where the call takes the full path."""
+    k = _tensor_key(a, b, out)
+    entry = None if k is None else _direct.get(k)
+    if entry is None:
+        return None
+    recipe, generation = entry
+    if generation != fastpath.generation:   # launches of an older choice (use_schedule)
+        del _direct[k]
+        return None
+    torch = sys.modules["torch"]
+    result = out if out is not None else torch.empty(recipe.out_shape, dtype=a.dtype,
+                                                     device=a.device)
+    stream = torch.cuda.current_stream(a.device).cuda_stream
+    if recipe.repeat.run(stream, a.data_ptr(), b.data_ptr(), result.data_ptr()):
+        return result
+    return None
+
+
+def call_with_tensors(func, args: tuple, kwargs: dict, after=None):
     """func(*args, **kwargs) with every torch tensor replaced by a cupy view of it, run on
-    the tensors' current torch stream; cupy arrays in the result come back as torch tensors."""
+    the tensors' current torch stream; cupy arrays in the result come back as torch tensors.
+    `after(cupy_args, cupy_kwargs, cupy_result)`, where given, sees the call as it ran."""
     import cupy
 
     torch = sys.modules["torch"]
@@ -100,6 +174,8 @@ def call_with_tensors(func, args: tuple, kwargs: dict):
         cupy_args = [to_cupy(x) for x in args]
         cupy_kwargs = {name: to_cupy(x) for name, x in kwargs.items()}
         result = func(*cupy_args, **cupy_kwargs)
+        if after is not None:
+            after(cupy_args, cupy_kwargs, result)
         return _to_torch(result, views, torch, cupy)
 
 

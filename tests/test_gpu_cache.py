@@ -37,7 +37,7 @@ def test_a_cache_that_cannot_be_written_still_runs_kernels(tmp_path, monkeypatch
         got, _ = forced.run(a, b, "persistent", 128)
     assert compiled_here and not compiled_here[0].cubin_path.exists()
     assert os.listdir(tmp_path / "cache") == []
-    assert forced.rel_err(got, a, b) < forced.TOL["bfloat16"]
+    assert forced.rel_err(got.reshape(300, 520), a, b) < forced.TOL["bfloat16"]
 
 
 @requires_hopper

@@ -313,3 +313,23 @@ def test_split_k_forced_on_huge_batch_uses_one_split():
     out = hopmm.matmul(a, b)
     np.testing.assert_allclose(out.astype("float32").get(), ref(a, b).get(), rtol=2e-2,
                                atol=2e-2)
+
+
+@pytest.mark.parametrize("schedule", ["split_k", "split_k_parallel"])
+def test_workspace_is_written_before_it_is_read(schedule):
+    """The fp32 workspace is never initialised: every partial a kernel reads must have been
+    stored by a split of the same launch first. With the whole workspace NaN before each call,
+    any element read before it was written would turn up as NaN in C. (compute-sanitizer's
+    initcheck cannot show this: it does not count TMA's bulk stores as writes.)"""
+    import cupy
+
+    from hopmm import workspace
+
+    for m, n, k, splits in [(256, 256, 1024, 4), (300, 260, 4097, 7), (4, 1000, 4097, 3),
+                            (128, 4096, 16384, 4)]:
+        a, b = rand((m, k), "bfloat16"), rand((k, n), "bfloat16")
+        run_split(a, b, splits, schedule)   # allocates (or grows) the workspace
+        for ws in workspace._workspaces.values():
+            ws.data.view(cupy.float32).fill(cupy.nan)
+        c, _ = run_split(a, b, splits, schedule)
+        assert rel_err(c, a, b) < TOL["bfloat16"]

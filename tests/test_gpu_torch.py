@@ -187,3 +187,27 @@ def test_empty_and_zero_k_results_are_tensors():
     assert isinstance(got, torch.Tensor) and got.shape == (0, 5)
     zeros = hopmm.matmul(rand((3, 0), "float16"), rand((0, 5), "float16"))
     assert isinstance(zeros, torch.Tensor) and bool((zeros == 0).all())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_repeats_launch_without_dlpack(dtype, monkeypatch):
+    """A repeat of a call that read and wrote in place runs its remembered launches straight
+    from the tensors' pointers (no conversion); with new values each time, and with out=."""
+    import hopmm
+    from hopmm import interop
+
+    a, b = rand((384, 256), dtype), rand((256, 320), dtype)
+    out = torch.empty((384, 320), device="cuda", dtype=DTYPES[dtype])
+    check(hopmm.matmul(a, b), a, b, dtype)
+    check(hopmm.matmul(a, b, out=out), a, b, dtype)
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("a repeat went through DLPack")
+
+    monkeypatch.setattr(interop, "call_with_tensors", no_conversion)
+    for _ in range(3):
+        a.copy_(rand((384, 256), dtype))
+        check(hopmm.matmul(a, b), a, b, dtype)
+        out.fill_(float("nan"))
+        assert hopmm.matmul(a, b, out=out) is out
+        check(out, a, b, dtype)

@@ -131,15 +131,15 @@ def test_summary_table_counts_per_item_and_names_the_first_failure():
                rel.Result("sanitize", "racecheck pingpong", "FAIL", "race", 4.0),
                rel.Result("sanitize", "racecheck split_k", "FAIL", "race", 1.0),
                rel.Result("soak", "60 s", "ok", "", 60.0),
-               rel.Result("threads", "16 threads", "skip", "", 0.0)]
+               rel.Result("threads", "16 threads", "skip", "", 0.0),
+               rel.Result("sanitize", "initcheck split_k", "known", "", 2.0)]
     table = rel.summary_table(results).splitlines()
     cells = {row.split("|")[0].strip(): [c.strip() for c in row.split("|")]
              for row in table[2:]}
-    assert cells["sanitize"][1:6] == ["3", "1", "2", "0", "8"]
-    assert cells["sanitize"][6] == "racecheck pingpong"
-    assert cells["soak"][1:5] == ["1", "1", "0", "0"]
+    assert cells["sanitize"][1:8] == ["4", "1", "2", "0", "1", "10", "racecheck pingpong"]
+    assert cells["soak"][1:6] == ["1", "1", "0", "0", "0"]
     assert cells["threads"][4] == "1"
-    assert cells["total"][1:5] == ["5", "2", "2", "1"]
+    assert cells["total"][1:6] == ["6", "2", "2", "1", "1"]
     assert "[sanitize] racecheck pingpong: FAIL" in rel.line(results[1])
 
 
@@ -208,3 +208,15 @@ def test_commands_run_together_and_each_output_comes_back():
     fields = [out.split() for _, out in done]
     assert [f[0] for f in fields] == ["0", "1", "2"]
     assert max(float(f[1]) for f in fields) < min(float(f[2]) for f in fields)
+
+
+@pytest.mark.parametrize("tool,schedule,detail,known", [
+    ("initcheck", "split_k", "Uninitialized __global__ memory read of size 8 bytes", True),
+    ("initcheck", "split_k_parallel", "Uninitialized __global__ memory read of 16", True),
+    ("initcheck", "persistent", "Uninitialized __global__ memory read of size 8 bytes", False),
+    ("memcheck", "split_k", "Uninitialized __global__ memory read of size 8 bytes", False),
+    ("initcheck", "split_k", "Invalid __global__ read; Uninitialized __global__ memory read",
+     False),
+])
+def test_only_initchecks_blind_spot_on_the_workspace_is_known(tool, schedule, detail, known):
+    assert rel.known_blind_spot(tool, schedule, detail) == known
