@@ -19,7 +19,7 @@ def test_python_scalars_are_value_errors():
         hopmm.matmul(2.0, np.ones((2, 2)))
 
 
-def test_main_job_cpu_report_lists_every_kernel(capsys):
+def test_main_job_cpu_report_lists_every_kernel(capsys, kernel_matrix):
     from hopmm.__main__ import main
     from hopmm.device import H100_SXM
     from hopmm.schedules import SCHEDULES
