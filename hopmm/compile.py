@@ -157,11 +157,22 @@ def _compile_with_report(name: str, source: str) -> nvrtc.CompileResult:
     return nvrtc.CompileResult(cubin=result.cubin, log=again.log)
 
 
+def _cubin_path(kernel: render.RenderedKernel) -> Path:
+    return cache_dir() / f"{kernel.name}-{cache_key(kernel)}.cubin"
+
+
+def cached_cubin(kernel: render.RenderedKernel) -> Path | None:
+    """The cubin of a complete cache entry of `kernel`, None where compile_kernel would
+    compile it."""
+    cubin_path = _cubin_path(kernel)
+    found = _cached_report(kernel.name, cubin_path, cubin_path.with_suffix(".log"))
+    return None if found is None else cubin_path
+
+
 @functools.lru_cache(maxsize=None)
 def _compile_cached(name: str, source: str) -> CompiledKernel:
     kernel = render.RenderedKernel(name=name, source=source, snippet_hashes={})
-    key = cache_key(kernel)
-    cubin_path = cache_dir() / f"{name}-{key}.cubin"
+    cubin_path = _cubin_path(kernel)
     log_path = cubin_path.with_suffix(".log")
     report = _cached_report(name, cubin_path, log_path)
     if report is None:

@@ -61,10 +61,19 @@ def _fill_cache(case) -> None:
         pass
 
 
+def _in_cache(case, tool: str | None) -> bool:
+    """Whether the kernel and (with cuobjdump) its SASS listing are in the cache already."""
+    schedule, cfg = case
+    cubin = compiler.cached_cubin(schedule.render(cfg))
+    return cubin is not None and (tool is None or sass.listing_path(cubin).exists())
+
+
 def fill_cache(cases, workers: int | None = None) -> None:
-    """Compiles `cases` ((schedule, config) pairs) into the kernel cache with their SASS
-    listings, `workers` processes at once (default_workers()). Spawned, not forked: the caller
-    may hold a CUDA context, which a forked child must not inherit."""
+    """Compiles `cases` ((schedule, config) pairs) that are not in the kernel cache yet into
+    it with their SASS listings, `workers` processes at once (default_workers()). Spawned,
+    not forked: the caller may hold a CUDA context, which a forked child must not inherit."""
+    tool = sass.find_cuobjdump()
+    cases = [case for case in cases if not _in_cache(case, tool)]
     workers = min(workers or default_workers(), len(cases))
     if workers <= 1:
         for case in cases:

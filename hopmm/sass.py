@@ -75,13 +75,18 @@ def disassemble(cubin_path: Path, tool: str | None = None) -> str:
     return done.stdout
 
 
+def listing_path(cubin_path: Path) -> Path:
+    """Where cached_listing keeps the listing of this cubin's present contents."""
+    cubin_path = Path(cubin_path)
+    digest = hashlib.sha256(cubin_path.read_bytes()).hexdigest()[:LISTING_HASH_DIGITS]
+    return cubin_path.with_name(f"{cubin_path.stem}.{digest}.sass")
+
+
 def cached_listing(cubin_path: Path, tool: str | None = None) -> str:
     """`disassemble`, kept in a file beside the cubin (in the kernel cache): reading a listing
     takes cuobjdump and nvdisasm about as long as compiling the kernel took NVRTC, and every
     check of a kernel (and every process checking it) reads the same one."""
-    cubin_path = Path(cubin_path)
-    digest = hashlib.sha256(cubin_path.read_bytes()).hexdigest()[:LISTING_HASH_DIGITS]
-    path = cubin_path.with_name(f"{cubin_path.stem}.{digest}.sass")
+    path = listing_path(cubin_path)
     try:
         return path.read_text()
     except FileNotFoundError:

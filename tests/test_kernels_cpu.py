@@ -273,13 +273,20 @@ def test_fill_cache_compiles_in_worker_processes_for_the_callers_cache(tmp_path,
     caller's own compile of the same kernels is then a cache hit, its listing a file read."""
     monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
     compiler._compile_cached.cache_clear()
-    cases = [case for case in CASES if case[0].name == "persistent"][:2]
+    persistent = [case for case in CASES if case[0].name == "persistent"]
+    cases, other = persistent[:2], persistent[2]
+    assert compiler.cached_cubin(other[0].render(other[1])) is None
     report.fill_cache(cases, workers=2)
     assert len(list(tmp_path.glob("*.cubin"))) == len(list(tmp_path.glob("*.log"))) == 2
     if sass.find_cuobjdump():
         assert len(list(tmp_path.glob("*.sass"))) == 2
+    assert all(compiler.cached_cubin(sched.render(cfg)) for sched, cfg in cases)
+    assert compiler.cached_cubin(other[0].render(other[1])) is None
     monkeypatch.setattr(compiler, "_compile_with_report",
                         lambda *args: pytest.fail("compiled again"))
+    # What is in the cache is not given to workers again.
+    monkeypatch.setattr(report, "ProcessPoolExecutor", lambda *args, **kw: pytest.fail("pool"))
+    report.fill_cache(cases, workers=2)
     for sched, cfg in cases:
         kernel = compiler.compile_kernel(sched.render(cfg))
         assert kernel.report.registers > 0 and kernel.cubin_path.parent == tmp_path
