@@ -5,11 +5,11 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 from . import device as device_mod
-from . import fastpath, heuristics, interop, launch, layout, tuning, validation
-from .problem import KERNEL_DTYPES, LINE_BYTES, Problem
+from . import fastpath, heuristics, interop, launch, layout, operands, tuning, validation
+from .problem import KERNEL_DTYPES
 
 STRICT_ENV = "HOPMM_STRICT"
 SCHEDULE_ENV = "HOPMM_SCHEDULE"
@@ -32,17 +32,9 @@ class Plan:
 
 
 @dataclass
-class KernelCall:
-    """Operands as the kernel reads them, and the problem and choice made for them."""
-    a3: object
-    a_map: layout.BatchMapping
-    b3: object
-    b_map: layout.BatchMapping
-    problem: Problem
-    choice: heuristics.Choice
-    copies: list = field(default_factory=list)  # operands the kernel reads from a copy
-    # {"a": ..., "b": ...}: each operand's batch view before any aligned copy was made of it
-    views: dict = field(default_factory=dict)
+class KernelCall(operands.KernelOperands):
+    """Operands as the kernel reads them, the problem they make, and the choice made for it."""
+    choice: heuristics.Choice = field(kw_only=True)  # after the operands' defaulted fields
 
 
 def use_schedule(name: str | None) -> None:
@@ -135,32 +127,9 @@ def _too_large_reason(shapes: layout.MatmulShapes) -> str | None:
     return None
 
 
-def _as_matrix_stack(x, is_vector: bool, vector_axis: int):
-    """A 1-D operand as a matrix: a row (1, k) for a (axis 0), a column (k, 1) for b (axis 1)."""
-    if not is_vector:
-        return x
-    return x.reshape((1,) + x.shape) if vector_axis == 0 else x.reshape(x.shape + (1,))
-
-
-def _batch_view(x, is_vector: bool, axis: int, batch_shape: tuple):
-    """The (nb, r, c) operand `_kernel_call` reads before any aligned copy."""
-    return _operand3d(_as_matrix_stack(x, is_vector, axis), batch_shape)[0]
-
-
-def _operand3d(x2, batch_shape: tuple):
-    """(batch..., r, c) operand -> ((nb, r, c) array, BatchMapping) over the broadcast batch."""
-    import cupy
-
-    r, c = x2.shape[-2:]
-    op_batch = x2.shape[:-2]
-    mapping = layout.batch_mapping(op_batch, batch_shape)
-    if mapping is None:  # varying over non-adjacent batch dims: materialise the broadcast
-        full = cupy.broadcast_to(x2, batch_shape + (r, c)).reshape(-1, r, c)
-        return full, layout.BatchMapping(0, len(batch_shape), 1, full.shape[0])
-    x = x2.reshape((1,) * (len(batch_shape) - len(op_batch)) + x2.shape)
-    index = tuple(slice(None) if mapping.lo <= i < mapping.hi else 0
-                  for i in range(len(batch_shape)))
-    return x[index].reshape(mapping.mod, r, c), mapping
+# Looked up in this module when a call is remembered, so that tests can count its uses.
+_batch_view = operands.batch_view
+_as_matrix_stack = operands.as_matrix_stack
 
 
 def matmul(a, b, out=None):
@@ -191,28 +160,15 @@ def matmul(a, b, out=None):
 
 
 def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
-    """Batch views and TMA-readable operands (aligned copies where needed); the problem and
-    the schedule are decided on the operands exactly as the kernel will read them."""
-    a_view, a_map = _operand3d(_as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
-    b_view, b_map = _operand3d(_as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
-    a3, a_axis = launch.prepare_operand(a_view)
-    b3, b_axis = launch.prepare_operand(b_view)
-    # B's lines run along its contiguous axis; its pitch is the stride of the other one.
-    b_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
-    problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
-                      dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
-                      b_major="n" if b_axis == "cols" else "k",
-                      b_pitch_aligned=b_pitch % LINE_BYTES == 0)
+    """The operands as the kernel reads them (operands.kernel_operands) and the schedule,
+    decided on exactly those."""
+    ops = operands.kernel_operands(a, b, shapes)
     dev = device_mod.query(a.device.id)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
-    choice = ((None if _schedule_override else tuning.lookup(problem, dev))
-              or heuristics.choose(problem, dev, _schedule_override))
-    # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
-    # could not be a view, an aligned buffer) has its own.
-    copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
-    return KernelCall(a3, a_map, b3, b_map, problem, choice, copies,
-                      {"a": a_view, "b": b_view})
+    choice = ((None if _schedule_override else tuning.lookup(ops.problem, dev))
+              or heuristics.choose(ops.problem, dev, _schedule_override))
+    return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 
 
 def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:

@@ -260,6 +260,17 @@ def cubin_of(cubin_path: str) -> bytes:
     return kernel.cubin
 
 
+def cached_cubin(kernel: render.RenderedKernel) -> Path | None:
+    """The cubin path of a verified cache entry of `kernel`, None where compile_kernel would
+    compile it (no entry, or a damaged one)."""
+    stem = kernel_cache.cache_dir() / f"{kernel.name}-{cache_key(kernel)}"
+    try:
+        found = _load_entry(kernel.name, stem, kernel.source)
+    except kernel_cache.DamagedEntry:
+        return None
+    return None if found is None else found.cubin_path
+
+
 def compile_kernel(kernel: render.RenderedKernel) -> CompiledKernel:
     return _compile_cached(kernel.name, kernel.source)
 

@@ -14,91 +14,65 @@ from .schedules import (BLOCK_M, ELEM_BYTES, MAX_CLUSTER_SPLITS, MIN_STAGES, SCH
                         PersistentSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
                         SplitKSchedule)
 
-# M-tiles per raster group. A wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256: 2048
-# rows of A and 2048 columns of B, whose k-slices stay in the 50 MB L2 while the wave runs.
-# persistent_overlap took groups of 4 from v0.8 to v0.13: they ran up to 4 % faster in 30 ms
-# timings interleaved with cuBLAS, but each alone for a sustained run (bench/NOTES.md v0.14,
-# H100) group 16 ran ahead on six of eight shapes (6144³ 1.5-2.8 %, 8192³ 0.8-1.1 %, 8192 x
-# 8192 x 2048 fp16 3.3 %) and group 4 read twice the DRAM bytes at 6144³ (ncu: 1.02 GB against
-# 0.60; a wave of 4 x 33 tiles of 128 x 192 spans all of B).
+# M-tiles per raster group: a wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256, whose
+# k-slices of A and B stay in L2 while the wave runs (groups of 4 read B again on every wave:
+# bench/NOTES.md v0.14).
 RASTER_GROUP_M = 16
 
-# Split-K (SplitKSchedule). It pays when the output has too few tiles to give every SM work
-# and K is long: idle SMs then take slices of K. Its cost is a serial hand-off per split
-# (semaphore acquire, one bulk reduce of the partial, its completion, release), so the split
-# count is the minimum of a small time model fitted to H100 measurements (bf16, 128x128 tiles,
-# bench/NOTES.md "Split-K" and v0.11):
+# Split-K (SplitKSchedule) gives idle SMs slices of K where the output has too few tiles and
+# K is long; each split costs a serial hand-off, so the split count is the minimum of a time
+# model fitted to H100 timings (bench/NOTES.md "Split-K", v0.11):
 #   time(s) = max(ceil(k_blocks / s) * KBLOCK_US,  A's and B's bytes / DRAM_TBPS,
 #                 all CTAs' operand tiles / L2_TBPS)  +  (s - 1) * HANDOFF_US
-# - KBLOCK_US: one 128x128x64 k-block on one SM when few SMs run (256x256x65536 and
-#   512x512x16384 on 4 and 16 CTAs: 0.29 us);
-# - DRAM_TBPS: A and B are read from memory at least once, whatever the split
-#   (128x4096x16384: 138 MB, best at 2 splits; 64x2048x32768: 138 MB, best at 4);
-# - L2_TBPS: the operand tiles every CTA streams (32 KB per k-block) share the L2 bandwidth;
-#   1024x1024x16384 on 2 splits streamed 537 MB of them in 35 us;
-# - HANDOFF_US: 256x256x65536 took 59 us with 8 splits and 63 with 16; 512x1024x8192 ran 7 %
-#   faster on 3 splits than on 4, 512x512x16384 10 % faster on 4 than on 3.
+# KBLOCK_US: one 128x128x64 k-block on one SM when few SMs run; DRAM_TBPS: A and B are read
+# at least once, whatever the split; L2_TBPS: the operand tiles every CTA streams share L2;
+# HANDOFF_US: one hand-off (semaphore, bulk reduce of the partial, release).
 SPLIT_K_KBLOCK_US = 0.3
 SPLIT_K_DRAM_TBPS = 3.0
 SPLIT_K_L2_TBPS = 16.0
 SPLIT_K_HANDOFF_US = 3.7
 # Split-K in clusters (SplitKClusterSchedule): the same model, but the splits of a tile add
-# their partials through distributed shared memory all at once instead of handing off in turn,
-# and the grid runs in waves of the clusters the device holds at once (cluster_capacity):
+# their partials through distributed shared memory all at once, and the grid runs in waves of
+# the clusters the device holds at once (cluster_capacity):
 #   time(s) = max(waves * ceil(k_blocks / s) * KBLOCK_US,  DRAM term,  L2 term)
 #             + waves * CLUSTER_REDUCE_US
-# CLUSTER_REDUCE_US was predicted (two cluster barriers; per CTA up to 64 KB of partials read
-# from the peers' shared memory and 32 KB of 16-bit rows stored) and then checked on an H100
-# (bench/NOTES.md v0.13, capacity 132/66/39/30/22/17/15/15 clusters of 1..8): with it the model
-# picks the fastest of 2-9 splits of either schedule on 512 x 512 x 16384 (6 in clusters),
-# 256 x 256 x 65536 (8), 512 x 1024 x 8192 (3), 1024 x 1024 x 4096 (2) and 128 x 4096 x 16384
-# (2, level with split_k). Its absolute times run low (the main loop slows as more CTAs
-# stream operands), which the ranking has not needed.
+# CLUSTER_REDUCE_US: two cluster barriers and the partials read from the peers; with it the
+# model picks the fastest measured split count of either schedule (bench/NOTES.md v0.13).
 SPLIT_K_CLUSTER_REDUCE_US = 2.0
 # Taken only when the model predicts at least this gain over one split.
 SPLIT_K_MIN_GAIN = 1.1
-# Every split keeps at least this many k-blocks. Measured (H100, bench/NOTES.md v0.11): 2 splits
-# of 32 k-blocks ran 8-16 % faster than one (1000 x 1024 x 4096, 768 x 1024 x 4096, 1024 x 1024
-# x 4096) and of 24 8 % faster (640 x 1024 x 3072); 2 splits of 16 ran 4-13 % slower (1024 x
-# 1024 x 2048, 1024 x 512 x 2048, 512 x 512 x 2048), which the time model does not see.
+# Every split keeps at least this many k-blocks: shorter splits lost time the model does not
+# see (bench/NOTES.md v0.11).
 SPLIT_K_MIN_K_BLOCKS = 24
 SPLIT_K_MAX_SPLITS = 16
-# split_k_cluster adds its partials at once through distributed shared memory, no serial chain:
-# it paid down to splits of 8 k-blocks, and with this bound its model picked the fastest count
-# measured on 11 shapes of 16-64 tiles and 16-128 k-blocks (H100, bench/NOTES.md v0.17: e.g.
-# 512 x 512 x 2048 8.3 us on 4 splits against 12.0 unsplit, 300 x 1000 x 3000 13.3 against 23.5).
+# split_k_cluster has no serial chain, so it pays down to splits of this many k-blocks
+# (bench/NOTES.md v0.17).
 CLUSTER_SPLIT_MIN_K_BLOCKS = 8
 # Split-K reduced in parallel (SplitKParallelSchedule): one hand-off per split instead of a
 # chain, so as many splits as the co-residency bound allows, each of at least
-# PARALLEL_MIN_K_BLOCKS k-blocks. Its model, fitted to 162 timings of 17 shapes with every
-# tile and split count (H100, bf16, bench/NOTES.md v0.17; predictions within 0.85-1.15 of the
-# measurement on most, and the chosen count within 5 % of the best on all but one):
+# PARALLEL_MIN_K_BLOCKS k-blocks. Its model, fitted to H100 timings of every tile and split
+# count (bench/NOTES.md v0.17):
 #   time(s) = max(ceil(k_blocks / s) * PARALLEL_KBLOCK_US[tile],  bytes of A, B and C /
 #                 PARALLEL_DRAM_TBPS)  +  PARALLEL_HANDOFF_US  +  s * PARALLEL_SPLIT_US
 # The k-block times are those of a CTA streaming alone (plus ZERO_ROW_US for each zero-filled
-# row of its worst tile); the DRAM rate is what the kernel's TMA loads of B reached on the
-# decode shapes (about 0.85 of a plain copy's).
+# row of its worst tile); the DRAM rate is what the kernel's TMA loads of B reach.
 PARALLEL_MIN_K_BLOCKS = 4
 PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.18, (WGMMA_M, 256): 0.33, (BLOCK_M, 128): 0.30}
 PARALLEL_DRAM_TBPS = 2.6
 PARALLEL_HANDOFF_US = 5.0
 PARALLEL_SPLIT_US = 0.1
-# Rows of an A or B tile that TMA zero-fills past the problem's edge cost about as much time as
-# loaded ones: a k-block of 128 x 128 ran 0.30 us with none and 0.80 with 127 (1 x 8192 x 8192,
-# v0.17), so each adds this much to its tile's k-block time.
+# Rows of a tile that TMA zero-fills past the problem's edge cost about as much time as loaded
+# ones, so each adds this much to its tile's k-block time (bench/NOTES.md v0.17).
 ZERO_ROW_US = 0.004
-# Where the DRAM term binds, more splits cost the model little, but in the timings they ran
-# faster (64 x 2048 x 32768: 59.8 us on 2 splits, 52.9 on 8): the most splits within this
-# factor of the best estimate are taken.
+# Where the DRAM term binds, more splits ran faster than the model's one rate says: the most
+# splits within this factor of the best estimate are taken (bench/NOTES.md v0.17).
 PARALLEL_FILL_SLACK = 1.03
 # 128-row tiles: split_k_parallel is weighed against the other split-K schedules only where it
-# takes more splits than a cluster holds; with no more, split_k_cluster's reduction through
-# distributed shared memory ran as fast or faster (v0.17: 1024 x 1024 x 4096 17.7 us against
-# 21.3, 512 x 512 x 16384 25.1 against 24.6).
-# Problems of at most this many rows run on split_k_parallel's 64-row tiles, split or not:
-# a 128-row tile computes as many rows again that are never stored, and TMA's zero-filled
-# rows past M cost as much time as loaded ones (bench/NOTES.md v0.17: 1 x 8192 x 8192 ran
-# 0.8 us per k-block of 128 x 128 tiles and 0.41 of 64 x 128 tiles loading 16 rows).
+# takes more splits than a cluster holds; with no more, split_k_cluster's reduction ran as fast
+# or faster (bench/NOTES.md v0.17).
+# Problems of at most this many rows run on split_k_parallel's 64-row tiles, split or not: a
+# 128-row tile computes as many rows again that are never stored, at the cost of loaded ones
+# (bench/NOTES.md v0.17).
 SHORT_TILE_MAX_M = 64
 # The tile width the unsplit baseline of the split-K models is rated on.
 UNSPLIT_BLOCK_N = 128
@@ -113,82 +87,48 @@ class Choice:
     splits: int = 1         # CTAs per output tile along K (split_k only)
 
 
-# Relative main-loop speed of one SM per tile shape (block_m, block_n). A narrower tile reads
-# more of A and B per flop, but leaves room for more stages. Autotune tables on an H100
-# (bench/NOTES.md, v0.5, v0.6): 128-wide tiles ran 0.88 - 0.92 x the 256-wide ones where both
-# filled the SMs equally; 192 ran level with 256 or ahead (v0.5, 4 stages against 3: up to 2 %;
-# v0.6, 4 stages each: 6144³, 9 tile-times either way, 693 against 658). Rated a hair faster.
-# 192 x 192 (clusters only) ran within 1 % of 128 x 192 wherever both took the same or nearly
-# the same tile-times (v0.10: 6144³, 4096³, 4096 x 28672 x 8192), and in sustained runs level
-# with 128 x 256 (v0.14: 6144³, 0.998 against 0.996 x cuBLAS).
+# Relative main-loop speed of one SM per tile shape (block_m, block_n): a narrower tile reads
+# more of A and B per flop but leaves room for more stages; fitted to autotune tables and
+# sustained runs on an H100 (bench/NOTES.md v0.5, v0.6, v0.10, v0.14).
 TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
               (TALL_BLOCK_M, 192): 1.0}
 # The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
-# and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED.
-# Fitted together to sustained runs on an H100 (bench/NOTES.md v0.14: each kernel alone for
-# 0.6-1.0 s at the power limit, the regime of long runs of large GEMMs): 128 x 192 tiles on
-# persistent_overlap ran 1.3-2.4 % slower than 128 x 256 on persistent at 6144³, 8192³ (bf16,
-# fp16), 4096 x 28672 x 8192 and 8192 x 28672 x 4096 (64-128 k-blocks a tile; 0.96 of 256's
-# speed once the waves are counted), and 1.6-1.9 % faster at 8192 x 8192 x 1024 and 8192 x
-# 8192 x 2048 (16 and 32), where the hidden epilogue weighs more. Interleaved among other
-# kernels in 30 ms timings the overlap kernel ran 1-2 % faster than in these runs relative to
-# the others: it draws more power per cycle than they do, and in short timings it borrows the
-# clock their draw sets.
+# and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED:
+# fitted together to sustained runs at the power limit, the regime of long runs of large GEMMs
+# (bench/NOTES.md v0.14; in short interleaved timings the overlap kernel reads faster).
 EXPOSED_EPILOGUE_K_BLOCKS = 1.0
 OVERLAP_SPEED = 0.95
 # N-major B whose rows are not multiples of 128 bytes (Problem.b_pitch_aligned): each 128-byte
-# TMA box row then spans two cache lines. Measured on an H100 (bench/NOTES.md v0.6, bf16
-# TFLOP/s): the unclustered kernels lose about a quarter of their speed to it (3008 x 3000 x
-# 3008: 498 against 646 with aligned rows; unaligned A rows cost 3 %, unaligned C rows
-# nothing). Clusters of two CTAs each load half of every B tile and multicast it: 3000³ ran at
-# 565 on clustered 128 x 192 tiles against 420 on persistent ones; the tile is ranked by waves
-# of clusters.
+# TMA box row then spans two cache lines, which costs the unclustered kernels about a quarter
+# of their speed; clusters of two CTAs load half of every B tile each and multicast it, and the
+# tile is ranked by waves of clusters (bench/NOTES.md v0.6).
 UNALIGNED_B_SCHEDULE = PersistentClusterSchedule
-# The cluster kernel's speed per tile shape on such rows, relative to 128 x 192. There the main
-# loop runs at the rate of the cache lines a CTA requests, so tiles that request fewer box rows
-# per output element gain more than on aligned rows: (128 + 96) / (128 x 192) for 128 x 192,
-# (128 + 128) / (128 x 256) and (192 + 96) / (192 x 192) for the larger ones, 14 % fewer. Fitted
-# on nine shapes (bench/NOTES.md v0.10, H100, bf16, two passes: 3000³, 3000 x 5000 x 3000,
-# 6000 x 3000 x 3000, 2000 x 3000 x 8000, 4000 x 6000 x 2000, 5000³, 1000 x 3000 x 3000,
-# 8000 x 3000 x 3000, 3008 x 3000 x 3008): measured speed x whole waves x tile area, relative
-# to 128 x 192, read 0.78-0.93 for 128 x 128, 1.00-1.16 for 128 x 256 and 0.99-1.08 for
-# 192 x 192; with these values the ranking picks the fastest measured tile on all nine.
+# The cluster kernel's speed per tile shape on such rows, relative to 128 x 192: the main loop
+# runs at the rate of the cache lines a CTA requests, so tiles that request fewer box rows per
+# output element gain more than on aligned rows (fitted on nine shapes, bench/NOTES.md v0.10).
 UNALIGNED_B_TILE_SPEED = {(BLOCK_M, 256): 1.05, (BLOCK_M, 192): 1.0, (BLOCK_M, 128): 0.84,
                           (TALL_BLOCK_M, 192): 1.04}
 
 # Where the persistent schedule's width is one of these, its tiles run on persistent_overlap
-# (two accumulator sets, the epilogue under the next tile's first k-block). Measured on an H100
-# (bench/NOTES.md v0.6, bf16): 128 x 192 tiles 643 against 589 TFLOP/s at 8192 x 8192 x 1024
-# (16 k-blocks a tile), 700 against 688 at 8192³; 128 x 128 tiles gained nothing (608 against
-# 620, 640 against 652 at 4096³), and 128 x 256 tiles have no registers for a second set.
+# (two accumulator sets, the epilogue under the next tile's first k-block): 128 x 192 gained,
+# 128 x 128 did not, and 128 x 256 has no registers for a second set (bench/NOTES.md v0.6).
 OVERLAP_WIDTHS = (192,)
 # Tiles of fewer k-blocks than this stay on the persistent kernel: their main loop is too short
 # to hide the next epilogue behind, and the overlap kernel's slower main loop then costs more
-# than it hides (bench/NOTES.md v0.17: K of 128-640 ran 3-9 % faster on persistent 128 x 256).
+# than it hides (bench/NOTES.md v0.17).
 OVERLAP_MIN_K_BLOCKS = 16
 
 # Aligned rows: the cluster kernel's 192 x 192 tile where its waves are fuller than any 128-row
-# tile's. Measured on an H100 (bench/NOTES.md v0.11, bf16, two passes, x best cuBLAS): nine
-# shapes the tile-time model gave it by 6-32 % ran 1.01-1.03 on it against 0.75-0.97 on the
-# persistent kernels (2304 x 2048 x 8192: 66 pairs of tiles, one wave of 66 clusters, against
-# 198 tiles of 128 x 192 in two waves of 132 SMs). Rated at TILE_SPEED[192 x 192], it is taken
-# only where the model puts it ahead by this factor: at equal waves the persistent kernels ran
-# 1-2 % ahead of the cluster ones on aligned rows (v0.8).
+# tile's, rated at TILE_SPEED[192 x 192] and taken only where the model puts it ahead by this
+# factor, since at equal waves the persistent kernels ran ahead of the cluster ones on aligned
+# rows (bench/NOTES.md v0.8, v0.11).
 TALL_CLUSTER_MIN_GAIN = 1.03
 TALL_TILE = (TALL_BLOCK_M, PersistentClusterSchedule.tall_block_ns[0])
 
 # Aligned rows, long runs of 128 x 256 tiles: the same tile on the cluster kernel, whose pairs
-# of CTAs load each B tile once (a third less L2 -> SM traffic per k-block). The large shapes run
-# at the power limit, where a kernel's rate alone is its work per joule. Each alone for 0.6-1.0
-# s on an H100 (bench/NOTES.md v0.15, row-major A and B, x best cuBLAS, cluster - persistent):
-# +0.2 to +1.4 % on 17 of 18 runs and level on one, over 8192³, 6144³, 4096 x 28672 x 8192,
-# 8192 x 28672 x 4096, 4096 x 8192 x 28672, 4096 x 14336 x 4096 and 8192 x 4096 x 4096 (bf16
-# and fp16; 7.8-54 waves of tiles, 64-128 k-blocks a tile); -0.2 to -2.4 % on all 7 runs where
-# the tiles make at most 3.9 waves (4096³, 4096 x 4096 x 8192, 2048 x 8192 x 8192, 2048 x 2048
-# x 8192), and -0.3 % at 16 k-blocks a tile (8192 x 8192 x 1024). Interleaved in 30 ms timings
-# it read 0.3 % lower on average over the 18, and 1.4 % lower in the bench's check run (it
-# does a little less work per cycle and draws less power per cycle; at the cap a workload's
-# time is its energy over the cap, which the runs alone measure).
+# of CTAs load each B tile once (a third less L2 -> SM traffic per k-block), which at the power
+# limit is more work per joule; it ran ahead alone from CLUSTER_MIN_WAVES waves of tiles and
+# CLUSTER_MIN_K_BLOCKS k-blocks a tile, behind below (bench/NOTES.md v0.15).
 CLUSTER_MIN_WAVES = 5.0
 CLUSTER_MIN_K_BLOCKS = 64
 CLUSTER_WIDTHS = (256,)
@@ -418,8 +358,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
 # buffers first, two bytes of traffic per byte; cuBLAS reads them in place. Where that copy at
 # COPY_TBPS takes longer than COPY_ROUTE_RATIO times the product's compute floor at
 # FLOOR_TFLOPS (at least MIN_CALL_US, below which launches set the pace), the copy alone
-# outlasts cuBLAS's whole call and the call goes to cupy.matmul (bench/NOTES.md v0.17: every
-# such shape of sweep seed 1 ran 0.26-0.96 x cuBLAS on copies).
+# outlasts cuBLAS's whole call and the call goes to cupy.matmul (bench/NOTES.md v0.17).
 COPY_TBPS = 3.0
 FLOOR_TFLOPS = 800.0
 COPY_ROUTE_RATIO = 4.0
@@ -458,8 +397,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) ->
             group = _raster_group(problem, cfg.block_m)
             return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
                           group)
-    # The persistent schedule measured at least as fast as one-tile-per-CTA on every shape
-    # tried (bench/NOTES.md, v0.3), most where tiles are short (small k).
+    # The persistent schedule ran at least as fast as one tile per CTA (bench/NOTES.md v0.3).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
     overlap_widths = (OVERLAP_WIDTHS if schedule is None
                       and -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS else ())

@@ -1,7 +1,12 @@
 """The CPU report of `python -m hopmm`: every registered schedule x config rendered,
-compiled for sm_90a and checked (registers, shared memory, spills, SASS contents)."""
+compiled for sm_90a and checked (registers, shared memory, spills, SASS contents). The
+compiles and SASS listings run in parallel processes first (NVRTC holds the GIL), filling
+the kernel cache that the checks then read."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 from . import compile as compiler
@@ -30,19 +35,69 @@ class KernelCheck:
         return not self.problems and (self.sass is None or self.sass.ok)
 
 
-def check_all(device: DeviceInfo) -> list[KernelCheck]:
+def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
+    """Every registered (schedule, config) that fits the device's shared memory."""
+    return [(schedule, cfg) for schedule in SCHEDULES.values()
+            for cfg in schedule.configs(device.smem_per_block_optin)]
+
+
+def default_workers() -> int:
+    """The CPUs this process may run on."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def _fill_cache(case) -> None:
+    """One pool task: compile the kernel into the cache and keep its SASS listing there. A
+    failure is left to the caller's own compile, which raises it where it is checked."""
+    schedule, cfg = case
+    try:
+        kernel = compiler.compile_schedule(schedule, cfg)
+        tool = sass.find_cuobjdump()
+        if tool:
+            sass.cached_listing(kernel.cubin_path, tool)
+    except Exception:   # noqa: BLE001 -- reported by the caller's compile of the same kernel
+        pass
+
+
+def _in_cache(case, tool: str | None) -> bool:
+    """Whether the kernel and (with cuobjdump) its SASS listing are in the cache already."""
+    schedule, cfg = case
+    cubin = compiler.cached_cubin(schedule.render(cfg))
+    return cubin is not None and (tool is None or sass.listing_path(cubin).exists())
+
+
+def fill_cache(cases, workers: int | None = None) -> None:
+    """Compiles `cases` ((schedule, config) pairs) that are not in the kernel cache yet into
+    it with their SASS listings, `workers` processes at once (default_workers()). Spawned,
+    not forked: the caller may hold a CUDA context, which a forked child must not inherit."""
     tool = sass.find_cuobjdump()
+    cases = [case for case in cases if not _in_cache(case, tool)]
+    workers = min(workers or default_workers(), len(cases))
+    if workers <= 1:
+        for case in cases:
+            _fill_cache(case)
+        return
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        list(pool.map(_fill_cache, cases))
+
+
+def check_all(device: DeviceInfo, workers: int | None = None) -> list[KernelCheck]:
+    tool = sass.find_cuobjdump()
+    cases = kernel_matrix(device)
+    fill_cache(cases, workers)
     out = []
-    for schedule in SCHEDULES.values():
-        for cfg in schedule.configs(device.smem_per_block_optin):
-            kernel = compiler.compile_schedule(schedule, cfg)
-            smem = schedule.smem_bytes(cfg)
-            summary = sass.summarize(kernel.cubin_path, tool) if tool else None
-            r = kernel.report
-            problems = r.problems(smem, device.smem_per_block_optin)
-            problems += cluster_problems(schedule, summary) if summary else []
-            out.append(KernelCheck(kernel.name, r.registers, smem, r.spill_stores + r.spill_loads,
-                                   summary, tuple(problems)))
+    for schedule, cfg in cases:
+        kernel = compiler.compile_schedule(schedule, cfg)
+        smem = schedule.smem_bytes(cfg)
+        summary = (sass.summarize_listing(sass.cached_listing(kernel.cubin_path, tool))
+                   if tool else None)
+        r = kernel.report
+        problems = r.problems(smem, device.smem_per_block_optin)
+        problems += cluster_problems(schedule, summary) if summary else []
+        out.append(KernelCheck(kernel.name, r.registers, smem, r.spill_stores + r.spill_loads,
+                               summary, tuple(problems)))
     return out
 
 

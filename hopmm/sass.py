@@ -2,6 +2,7 @@
 written for are really there: HGMMA (wgmma), UTMALDG / UTMASTG (TMA), no LDL / STL."""
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import shutil
@@ -9,6 +10,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+from .compile import atomic_write
 
 _OPCODES = {
     "hgmma": re.compile(r"\bHGMMA\."),
@@ -30,6 +33,9 @@ _GLOBAL_ACCESS = {"UTMALDG", "UTMASTG", "UTMAREDG", "UBLKCP", "UBLKRED", "LDG", 
 # An instruction line: its offset, an optional predicate, then the opcode (up to its first '.').
 _INSTRUCTION = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*)")
 _ARCH = re.compile(r"code for (sm_\w+)")
+# A listing kept beside its cubin (cached_listing) is named by this many hex digits of the
+# cubin's SHA-256: a cubin replaced by another can never be served the old one's listing.
+LISTING_HASH_DIGITS = 16
 
 
 def find_cuobjdump() -> str | None:
@@ -69,6 +75,27 @@ def disassemble(cubin_path: Path, tool: str | None = None) -> str:
     return done.stdout
 
 
+def listing_path(cubin_path: Path) -> Path:
+    """Where cached_listing keeps the listing of this cubin's present contents."""
+    cubin_path = Path(cubin_path)
+    digest = hashlib.sha256(cubin_path.read_bytes()).hexdigest()[:LISTING_HASH_DIGITS]
+    return cubin_path.with_name(f"{cubin_path.stem}.{digest}.sass")
+
+
+def cached_listing(cubin_path: Path, tool: str | None = None) -> str:
+    """`disassemble`, kept in a file beside the cubin (in the kernel cache): reading a listing
+    takes cuobjdump and nvdisasm about as long as compiling the kernel took NVRTC, and every
+    check of a kernel (and every process checking it) reads the same one."""
+    path = listing_path(cubin_path)
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        pass
+    listing = disassemble(cubin_path, tool)
+    atomic_write(path, listing.encode())
+    return listing
+
+
 def global_access_before_dependency_wait(listing: str) -> list[str]:
     """Instructions of a one-kernel SASS listing that touch global memory at a lower address
     than its first griddepcontrol.wait (all of them if it has none). A programmatically
@@ -88,7 +115,11 @@ def global_access_before_dependency_wait(listing: str) -> list[str]:
 
 
 def summarize(cubin_path: Path, tool: str | None = None) -> SassSummary:
-    sass = disassemble(cubin_path, tool)
-    arch = _ARCH.search(sass)
-    counts = {name: len(rx.findall(sass)) for name, rx in _OPCODES.items()}
+    return summarize_listing(disassemble(cubin_path, tool))
+
+
+def summarize_listing(listing: str) -> SassSummary:
+    """The architecture and the counts of _OPCODES in a SASS listing."""
+    arch = _ARCH.search(listing)
+    counts = {name: len(rx.findall(listing)) for name, rx in _OPCODES.items()}
     return SassSummary(arch=arch.group(1) if arch else "unknown", counts=counts)

@@ -20,12 +20,14 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 from . import compile as compiler
-from . import kernel_cache
+from . import device as device_mod
+from . import fastpath, kernel_cache, launch, layout, operands
 from .device import DeviceInfo
 from .heuristics import SPLIT_K_MAX_SPLITS, Choice, split_configs
 from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
 from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, SplitKParallelSchedule
+from .timing import interleaved_medians, sustained_medians
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
 # 16 is the heuristic's group (heuristics.RASTER_GROUP_M); the others are the alternatives timed.
@@ -239,12 +241,8 @@ def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5
     progress = sys.stderr if progress is None else progress
     import cupy
 
-    from . import api, fastpath, launch, layout
-    from .device import query
-    from .timing import interleaved_medians, sustained_medians
-
     shapes = _validate_shapes(shapes, dtype)
-    device = query(cupy.cuda.Device().id)
+    device = device_mod.query(cupy.cuda.Device().id)
     rows = []
     for m, n, k in shapes:
         # Operands as the kernel reads them (aligned copies where rows are not 16-byte
@@ -253,7 +251,7 @@ def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5
         for _ in range(input_sets):
             a = cupy.random.standard_normal((m, k), dtype=cupy.float32).astype(dtype)
             b = cupy.random.standard_normal((k, n), dtype=cupy.float32).astype(dtype)
-            call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+            call = operands.kernel_operands(a, b, layout.matmul_shapes(a.shape, b.shape))
             c3 = launch.padded_empty(1, m, n, layout.padded(n, a.itemsize), dtype)
             sets.append((call.a3, call.b3, c3))
         a3, b3, c3 = sets[0]
@@ -309,8 +307,6 @@ def sustained_finalists(medians: dict, flops: float) -> list:
 
 
 def _launcher(launches):
-    from . import launch
-
     return lambda a3, b3, c3: launch.launch_all(launches, a3.data.ptr, b3.data.ptr, c3.data.ptr)
 
 

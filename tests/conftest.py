@@ -32,3 +32,16 @@ def _private_kernel_cache(tmp_path_factory):
     yield
     if old is None:
         os.environ.pop("HOPMM_CACHE_DIR", None)
+
+
+@pytest.fixture(scope="session")
+def kernel_matrix(_private_kernel_cache):
+    """Every registered (schedule, config) for an H100, compiled for sm_90a with its SASS
+    listing into the session's kernel cache once, in parallel processes. Tests that check
+    kernels compile them again (a cache hit) and read their listings from the cache."""
+    from hopmm import report
+    from hopmm.device import H100_SXM
+
+    cases = report.kernel_matrix(H100_SXM)
+    report.fill_cache(cases)
+    return cases

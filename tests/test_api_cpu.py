@@ -23,7 +23,7 @@ def test_python_scalars_are_type_errors_like_cupy(scalar):
         hopmm.matmul(np.ones((2, 2)), scalar)
 
 
-def test_main_job_cpu_report_lists_every_kernel(capsys):
+def test_main_job_cpu_report_lists_every_kernel(capsys, kernel_matrix):
     from hopmm.__main__ import main
     from hopmm.device import H100_SXM
     from hopmm.schedules import SCHEDULES

@@ -5,20 +5,27 @@ from dataclasses import replace
 import pytest
 
 from hopmm import compile as compiler
-from hopmm import render, sass
+from hopmm import render, report, sass
 from hopmm.device import H100_SXM
 from hopmm.schedules import BLOCK_M, SCHEDULES, TALL_BLOCK_M
 
-CASES = [(sched, cfg) for sched in SCHEDULES.values()
-         for cfg in sched.configs(H100_SXM.smem_per_block_optin)]
+CASES = report.kernel_matrix(H100_SXM)
 IDS = [sched.kernel_name(cfg) for sched, cfg in CASES]
 REGISTER_FILE = 65536
 
 
 @pytest.fixture(scope="module", params=CASES, ids=IDS)
-def compiled(request):
+def compiled(request, kernel_matrix):
     sched, cfg = request.param
     return sched, cfg, compiler.compile_kernel(sched.render(cfg))
+
+
+def sass_listing(kernel) -> str:
+    """The kernel's SASS listing, read once per session into the kernel cache."""
+    tool = sass.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    return sass.cached_listing(kernel.cubin_path, tool)
 
 
 def test_resources(compiled):
@@ -33,11 +40,8 @@ def test_resources(compiled):
 
 
 def test_sass(compiled):
-    tool = sass.find_cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     sched, _, kernel = compiled
-    s = sass.summarize(kernel.cubin_path, tool)
+    s = sass.summarize_listing(sass_listing(kernel))
     assert s.arch == "sm_90a"
     assert s.counts["hgmma"] > 0 and s.counts["tma_load"] > 0 and s.counts["tma_store"] > 0
     # The split-K reductions stage rows they added up from fp32 partials (st.shared), not
@@ -52,14 +56,11 @@ def test_no_global_access_before_the_dependency_wait(compiled):
     the previous kernel of its stream finishes, so nothing may read or write global memory
     before griddepcontrol.wait; the producer also lets the next kernel be scheduled (after its
     last load, in the source; here: the instruction is there)."""
-    tool = sass.find_cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     _, _, kernel = compiled
-    listing = sass.disassemble(kernel.cubin_path, tool)
-    s = sass.summarize(kernel.cubin_path, tool)
+    text = sass_listing(kernel)
+    s = sass.summarize_listing(text)
     assert s.counts["dependency_wait"] == 1 and s.counts["launch_dependents"] >= 1
-    assert sass.global_access_before_dependency_wait(listing) == []
+    assert sass.global_access_before_dependency_wait(text) == []
 
 
 def test_global_access_check_sees_an_early_load():
@@ -81,11 +82,8 @@ def test_cluster_sass(compiled):
     and does neither of the others; the other kernels do none of that."""
     from hopmm.report import CLUSTER_BARRIERS, LAUNCH_CLUSTER_BARRIERS, cluster_problems
 
-    tool = sass.find_cuobjdump()
-    if tool is None:
-        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     sched, _, kernel = compiled
-    s = sass.summarize(kernel.cubin_path, tool)
+    s = sass.summarize_listing(sass_listing(kernel))
     assert cluster_problems(sched, s) == []
     if sched.cluster_size > 1:
         assert s.counts["tma_multicast"] > 0 and s.counts["remote_arrive"] > 0
@@ -242,6 +240,58 @@ def test_a_compile_served_from_nvrtcs_own_cache_still_gets_its_report(tmp_path, 
     assert kernel.report == compiler.ResourceReport.parse(reference.log, rendered.name)
     assert kernel.cubin_path.read_bytes() == reference.cubin
     assert compiler.cache_key(rendered) in kernel.cubin_path.name  # keyed by the real source
+
+
+def _tiny_cubin(path, name: str):
+    """A one-line kernel called `name`, compiled for sm_90a into `path`."""
+    from hopmm import nvrtc
+
+    src = f'extern "C" __global__ void {name}(int* o) {{ o[threadIdx.x] = 1; }}'
+    path.write_bytes(nvrtc.compile_cubin(src, "tiny.cu", compiler.NVRTC_OPTIONS).cubin)
+    return path
+
+
+def test_a_cached_listing_belongs_to_the_cubin_it_was_read_from(tmp_path, monkeypatch):
+    tool = sass.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    cubin = _tiny_cubin(tmp_path / "k.cubin", "first_kernel")
+    first = sass.cached_listing(cubin, tool)
+    assert first == sass.disassemble(cubin, tool) and "Function : first_kernel" in first
+    assert len(list(tmp_path.glob("k.*.sass"))) == 1
+    real = sass.disassemble
+    monkeypatch.setattr(sass, "disassemble", lambda *args: pytest.fail("read again"))
+    assert sass.cached_listing(cubin, tool) == first        # from the file beside the cubin
+    _tiny_cubin(cubin, "second_kernel")                     # another kernel, same file name
+    monkeypatch.setattr(sass, "disassemble", real)
+    second = sass.cached_listing(cubin, tool)
+    assert "second_kernel" in second and "first_kernel" not in second
+    assert len(list(tmp_path.glob("k.*.sass"))) == 2
+
+
+def test_fill_cache_compiles_in_worker_processes_for_the_callers_cache(tmp_path, monkeypatch):
+    """The pool's workers compile into the cache directory of the caller's environment; the
+    caller's own compile of the same kernels is then a cache hit, its listing a file read."""
+    monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
+    compiler._compile_cached.cache_clear()
+    persistent = [case for case in CASES if case[0].name == "persistent"]
+    cases, other = persistent[:2], persistent[2]
+    assert compiler.cached_cubin(other[0].render(other[1])) is None
+    report.fill_cache(cases, workers=2)
+    assert len(list(tmp_path.glob("*.cubin"))) == len(list(tmp_path.glob("*.log"))) == 2
+    if sass.find_cuobjdump():
+        assert len(list(tmp_path.glob("*.sass"))) == 2
+    assert all(compiler.cached_cubin(sched.render(cfg)) for sched, cfg in cases)
+    assert compiler.cached_cubin(other[0].render(other[1])) is None
+    monkeypatch.setattr(compiler, "_compile_with_report",
+                        lambda *args: pytest.fail("compiled again"))
+    # What is in the cache is not given to workers again.
+    monkeypatch.setattr(report, "ProcessPoolExecutor", lambda *args, **kw: pytest.fail("pool"))
+    report.fill_cache(cases, workers=2)
+    for sched, cfg in cases:
+        kernel = compiler.compile_kernel(sched.render(cfg))
+        assert kernel.report.registers > 0 and kernel.cubin_path.parent == tmp_path
+    compiler._compile_cached.cache_clear()
 
 
 def test_report_is_read_for_the_named_kernel():

@@ -112,12 +112,12 @@ _FLUSH = re.compile(r"\bWARPGROUP\.DEPBAR\.LE\s+gsb0,\s*0x0\b")
 
 
 @pytest.fixture(scope="module", params=CONFIGS, ids=[c.tag for c in CONFIGS])
-def listing(request):
+def listing(request, kernel_matrix):
     tool = sass.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     kernel = compiler.compile_kernel(PingPongSchedule.render(request.param))
-    return sass.disassemble(kernel.cubin_path, tool).splitlines()
+    return sass.cached_listing(kernel.cubin_path, tool).splitlines()
 
 
 def _where(lines, pattern):

@@ -1,0 +1,68 @@
+"""A validated call's operands as the kernel reads them: batch views over the broadcast batch,
+aligned copies where TMA cannot read an operand in place, and the Problem they make. Below
+api (which adds the schedule choice) and tuning (which times every choice on them)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import launch, layout
+from .problem import LINE_BYTES, Problem
+
+
+@dataclass
+class KernelOperands:
+    a3: object
+    a_map: layout.BatchMapping
+    b3: object
+    b_map: layout.BatchMapping
+    problem: Problem
+    copies: list = field(default_factory=list)  # operands the kernel reads from a copy
+    # {"a": ..., "b": ...}: each operand's batch view before any aligned copy was made of it
+    views: dict = field(default_factory=dict)
+
+
+def as_matrix_stack(x, is_vector: bool, vector_axis: int):
+    """A 1-D operand as a matrix: a row (1, k) for a (axis 0), a column (k, 1) for b (axis 1)."""
+    if not is_vector:
+        return x
+    return x.reshape((1,) + x.shape) if vector_axis == 0 else x.reshape(x.shape + (1,))
+
+
+def batch_view(x, is_vector: bool, axis: int, batch_shape: tuple):
+    """The (nb, r, c) operand `kernel_operands` reads before any aligned copy."""
+    return operand3d(as_matrix_stack(x, is_vector, axis), batch_shape)[0]
+
+
+def operand3d(x2, batch_shape: tuple):
+    """(batch..., r, c) operand -> ((nb, r, c) array, BatchMapping) over the broadcast batch."""
+    import cupy
+
+    r, c = x2.shape[-2:]
+    op_batch = x2.shape[:-2]
+    mapping = layout.batch_mapping(op_batch, batch_shape)
+    if mapping is None:  # varying over non-adjacent batch dims: materialise the broadcast
+        full = cupy.broadcast_to(x2, batch_shape + (r, c)).reshape(-1, r, c)
+        return full, layout.BatchMapping(0, len(batch_shape), 1, full.shape[0])
+    x = x2.reshape((1,) * (len(batch_shape) - len(op_batch)) + x2.shape)
+    index = tuple(slice(None) if mapping.lo <= i < mapping.hi else 0
+                  for i in range(len(batch_shape)))
+    return x[index].reshape(mapping.mod, r, c), mapping
+
+
+def kernel_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands:
+    """Batch views and TMA-readable operands (aligned copies where needed), and the problem
+    exactly as the kernel will read them."""
+    a_view, a_map = operand3d(as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
+    b_view, b_map = operand3d(as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
+    a3, a_axis = launch.prepare_operand(a_view)
+    b3, b_axis = launch.prepare_operand(b_view)
+    # B's lines run along its contiguous axis; its pitch is the stride of the other one.
+    b_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
+    problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
+                      dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
+                      b_major="n" if b_axis == "cols" else "k",
+                      b_pitch_aligned=b_pitch % LINE_BYTES == 0)
+    # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
+    # could not be a view, an aligned buffer) has its own.
+    copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
+    return KernelOperands(a3, a_map, b3, b_map, problem, copies, {"a": a_view, "b": b_view})
