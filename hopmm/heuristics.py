@@ -443,7 +443,7 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
 #   time(s) = max(bytes / (GEMV_DRAM_TBPS x fill),  2 x rows computed x N x K / GEMV_FMA_TFLOPS)
 #             + GEMV_LAUNCH_US  +  (s > 1: GEMV_SPLIT_US + the partials' bytes / GEMV_DRAM_TBPS)
 # bytes: A and C once, B once per row group of GemvConfig.max_rows rows; fill: the share of
-# GEMV_CTAS_PER_SM CTAs per SM the grid gives (fewer CTAs keep fewer loads in flight). Every
+# GEMV_INFLIGHT_PER_SM the grid's CTAs keep in flight (fewer CTAs, fewer loads). Every
 # constant here is a PREDICTION, not yet measured (bench/gemv_tune.py measures them):
 # - GEMV_DRAM_TBPS: the issue's target, 0.95 of a device-to-device copy (~3.0 TB/s on an H100);
 # - GEMV_FMA_TFLOPS: the fp32 FMA rate the kernel reaches with its bf16 -> fp32 conversions,
@@ -451,31 +451,39 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
 # - GEMV_LAUNCH_US: launch, first loads' latency and the last CTAs' tail;
 # - GEMV_SPLIT_US: the last CTA of a tile reading every split's partial and the counter's
 #   round trip;
-# - GEMV_CTAS_PER_SM: CTAs of 8 warps (32 KB of B in flight each) per SM that cover DRAM
-#   latency (Little's law: ~3 TB/s x ~1 us / 132 SMs ~ 24 KB per SM, with margin);
+# - GEMV_INFLIGHT_PER_SM: bytes of B in flight per SM that cover DRAM latency (Little's law:
+#   ~3 TB/s x ~1 us / 132 SMs ~ 24 KB per SM, twice that for margin); a CTA holds threads x
+#   unroll x cols x 16 B (GemvConfig.inflight_bytes), and fill is the share of it the grid's
+#   CTAs give;
 # - GEMV_MIN_SPLIT_K: elements of K per split below which the partials cost more than the
 #   CTAs they add.
 GEMV_DRAM_TBPS = 2.85
 GEMV_FMA_TFLOPS = 45.0
 GEMV_LAUNCH_US = 2.0
 GEMV_SPLIT_US = 1.0
-GEMV_CTAS_PER_SM = 2
-GEMV_MIN_SPLIT_K = 512
+GEMV_INFLIGHT_PER_SM = 48 * 1024
+GEMV_MIN_SPLIT_K = 256
 # Rows of C gemv is taken for without forcing: its kernel's design point (kernel_gemv.cuh's FMA
 # bound); more rows read B once per group of 16.
 GEMV_MAX_M = 16
 
 
 def gemv_splits(problem: Problem, cfg: GemvConfig, device: DeviceInfo) -> int:
-    """The fewest K splits that give GEMV_CTAS_PER_SM CTAs per SM, keeping GEMV_MIN_SPLIT_K
-    elements of K per split and within the schedule's bound; 1 where the tiles alone do."""
+    """The fewest K splits whose CTAs keep GEMV_INFLIGHT_PER_SM in flight on every SM,
+    keeping GEMV_MIN_SPLIT_K elements of K per split and within the schedule's bound; 1 where
+    the tiles alone do."""
     batch_count = min(problem.batch, MAX_GRID_Z)
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
     ctas = row_groups * col_blocks * batch_count
-    wanted = -(-GEMV_CTAS_PER_SM * device.sm_count // ctas)
+    wanted = -(-_gemv_ctas_wanted(cfg, device) // ctas)
     top = min(GemvSchedule.max_splits(problem, cfg, batch_count),
               max(1, problem.k // GEMV_MIN_SPLIT_K))
     return max(1, min(wanted, top))
+
+
+def _gemv_ctas_wanted(cfg: GemvConfig, device: DeviceInfo) -> int:
+    """CTAs that keep GEMV_INFLIGHT_PER_SM of B in flight on every SM."""
+    return -(-device.sm_count * GEMV_INFLIGHT_PER_SM // cfg.inflight_bytes)
 
 
 def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: DeviceInfo) -> float:
@@ -485,7 +493,7 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     ac = (problem.m * problem.k + problem.m * problem.n) * ELEM_BYTES
     bytes_ = (b + ac) * problem.batch
     ctas = row_groups * col_blocks * min(problem.batch, MAX_GRID_Z) * splits
-    fill = min(1.0, ctas / (GEMV_CTAS_PER_SM * device.sm_count))
+    fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
     memory = bytes_ / (GEMV_DRAM_TBPS * 1e6 * fill)
     compute = (2 * row_groups * cfg.max_rows * problem.n * problem.k * problem.batch
                / (GEMV_FMA_TFLOPS * 1e6))

@@ -703,6 +703,11 @@ class GemvConfig:
         return self.warps * WARP_THREADS
 
     @property
+    def inflight_bytes(self) -> int:
+        """Bytes of B one CTA has in flight: a 16-byte vector per lane, unroll x cols."""
+        return self.threads * self.unroll * self.cols * GEMV_VEC * ELEM_BYTES
+
+    @property
     def tag(self) -> str:
         layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
