@@ -144,7 +144,7 @@ def test_bitwise_repeatable(b_major, splits):
 def test_tunables_k_major(config):
     """Other warps / columns / unroll / row steps of K-major B (bench/gemv_tune.py's sweep)."""
     a, b = rand((3, 2049), "float16"), rand((517, 2049), "float16").T
-    c, choice = run_gemv(a, b, 3, **config)
+    c, _ = run_gemv(a, b, 3, **config)
     assert rel_err(c, a, b) < TOL["float16"]
 
 
@@ -152,7 +152,7 @@ def test_tunables_k_major(config):
                                     dict(max_rows=8)])
 def test_tunables_n_major(config):
     a, b = rand((3, 2049), "float16"), rand((2049, 517), "float16")
-    c, choice = run_gemv(a, b, 3, **config)
+    c, _ = run_gemv(a, b, 3, **config)
     assert rel_err(c, a, b) < TOL["float16"]
 
 
