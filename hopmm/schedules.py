@@ -659,6 +659,7 @@ GEMV_COUNTERS = 4096
 # so that layout takes groups of 8 rows.
 GEMV_TN_MAX_ROWS = 8
 COUNTER_BYTES = 4  # one u32
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (gemv's K splits)
 
 
 @dataclass(frozen=True)
@@ -722,8 +723,8 @@ class GemvConfig:
         max_rows = next((r for r in GEMV_MAX_ROWS if r >= min(rows, top)), top)
         if trans_b:
             return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1, unroll=8)
-        return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=4,
-                   unroll=2 if max_rows <= 8 else 1)
+        # 4 x 2 vectors in flight per lane: 16 rows still fit (232 registers, no spills).
+        return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=4, unroll=2)
 
 
 class GemvSchedule:
@@ -780,7 +781,7 @@ class GemvSchedule:
         row_groups, col_blocks = cls.tiles(problem, cfg)
         if row_groups * col_blocks * batch_count > GEMV_COUNTERS:
             return 1
-        return max(1, -(-problem.k // GEMV_VEC))
+        return max(1, min(MAX_GRID_Y, -(-problem.k // GEMV_VEC)))
 
     @classmethod
     def grid(cls, problem: Problem, cfg: GemvConfig, batch_count: int, sm_count: int = 0,
@@ -788,7 +789,7 @@ class GemvSchedule:
         top = cls.max_splits(problem, cfg, batch_count)
         if not 1 <= splits <= top:
             raise ValueError(f"gemv: {splits} splits, at most {top} here (a vector of K per "
-                             f"split, {GEMV_COUNTERS} tile counters)")
+                             f"split, {GEMV_COUNTERS} tile counters, {MAX_GRID_Y} in grid y)")
         row_groups, col_blocks = cls.tiles(problem, cfg)
         return (row_groups * col_blocks, splits, batch_count)
 
