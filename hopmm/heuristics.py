@@ -473,7 +473,7 @@ def gemv_splits(problem: Problem, cfg: GemvConfig, device: DeviceInfo) -> int:
     keeping GEMV_MIN_SPLIT_K elements of K per split and within the schedule's bound; 1 where
     the tiles alone do."""
     batch_count = min(problem.batch, MAX_GRID_Z)
-    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
+    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)   # of the kernel's problem
     ctas = row_groups * col_blocks * batch_count
     wanted = -(-_gemv_ctas_wanted(cfg, device) // ctas)
     top = min(GemvSchedule.max_splits(problem, cfg, batch_count),
@@ -487,15 +487,17 @@ def _gemv_ctas_wanted(cfg: GemvConfig, device: DeviceInfo) -> int:
 
 
 def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: DeviceInfo) -> float:
-    """The gemv model above, in microseconds."""
+    """The gemv model above, in microseconds (of the kernel's problem: with trans_c the
+    transposed one)."""
+    kp = GemvSchedule.kernel_problem(problem, cfg)
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
-    b = problem.k * problem.n * ELEM_BYTES * row_groups
-    ac = (problem.m * problem.k + problem.m * problem.n) * ELEM_BYTES
-    bytes_ = (b + ac) * problem.batch
-    ctas = row_groups * col_blocks * min(problem.batch, MAX_GRID_Z) * splits
+    b = kp.k * kp.n * ELEM_BYTES * row_groups
+    ac = (kp.m * kp.k + kp.m * kp.n) * ELEM_BYTES
+    bytes_ = (b + ac) * kp.batch
+    ctas = row_groups * col_blocks * min(kp.batch, MAX_GRID_Z) * splits
     fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
     memory = bytes_ / (GEMV_DRAM_TBPS * 1e6 * fill)
-    compute = (2 * row_groups * cfg.max_rows * problem.n * problem.k * problem.batch
+    compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
                / (GEMV_FMA_TFLOPS * 1e6))
     split = 0.0
     if splits > 1:
@@ -507,16 +509,24 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
 def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
                  rival_us: float | None = None) -> Choice | None:
     """gemv where forced, or where its model beats `rival_us` (the split-K model's estimate of
-    the choice it would make; None: no rival estimate, gemv is taken within GEMV_MAX_M)."""
-    if not forced and problem.m > GEMV_MAX_M:
+    the choice it would make; None: no rival estimate, gemv is taken within GEMV_MAX_M).
+    Problems of more than GEMV_MAX_M rows and fewer columns than rows run transposed (C^T =
+    B^T A^T: A is streamed)."""
+    trans_c = problem.m > GEMV_MAX_M and problem.n < problem.m
+    if not forced and min(problem.m, problem.n) > GEMV_MAX_M:
         return None
-    cfg = GemvConfig.default(problem.dtype, problem.trans_a, problem.trans_b, problem.m)
+    if trans_c and not forced and problem.n > GEMV_MAX_M:
+        return None
+    kp = GemvSchedule.kernel_problem(problem, GemvConfig.default(problem.dtype, False, False, 1,
+                                                                 trans_c))
+    cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c)
     splits = gemv_splits(problem, cfg, device)
     estimate = gemv_estimate_us(problem, cfg, splits, device)
     if not forced and rival_us is not None and estimate >= rival_us:
         return None
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
-    why = (f"gemv: B streamed once ({'N' if problem.trans_b else 'K'}-major, 16-byte loads), "
+    streamed = "A streamed once as C^T = B^T A^T" if trans_c else "B streamed once"
+    why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, 16-byte loads), "
            f"{col_blocks} column blocks of {cfg.block_n} x {row_groups} row group(s) of "
            f"{cfg.max_rows} x {splits} K split(s)"
            + (" added up in split order by each tile's last CTA" if splits > 1 else "")
@@ -547,7 +557,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
             raise ValueError("gemv has no fused epilogue; force another schedule for calls "
                              "with bias= or activation=")
         return _gemv_choice(problem, device, forced=True)
-    if schedule is None and not epilogue and problem.m <= GEMV_MAX_M:
+    if schedule is None and not epilogue and min(problem.m, problem.n) <= GEMV_MAX_M:
         gemv = _gemv_choice(problem, device, forced=False,
                             rival_us=_split_k_parallel_estimate(problem, device))
         if gemv is not None:

@@ -184,16 +184,19 @@ class GemvLaunch:
     pointers (A, B, C and the split-K scratch of the launching stream, looked up on every
     launch where the launch splits K)."""
 
-    __slots__ = ("inner", "device_id", "scratch_bytes")
+    __slots__ = ("inner", "device_id", "scratch_bytes", "swap")
 
-    def __init__(self, inner, device_id: int, scratch_bytes: int):
+    def __init__(self, inner, device_id: int, scratch_bytes: int, swap: bool = False):
         self.inner = inner
         self.device_id = device_id
         self.scratch_bytes = scratch_bytes
+        self.swap = swap   # the kernel computes C^T = B^T A^T: its A is B, its B is A
 
     def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int) -> None:
         scratch = (workspace.gemv_scratch(self.device_id, stream, self.scratch_bytes)
                    if self.scratch_bytes else 0)
+        if self.swap:
+            a_ptr, b_ptr = b_ptr, a_ptr
         self.inner.launch(stream, a_ptr, b_ptr, c_ptr, scratch)
 
 
@@ -246,14 +249,20 @@ def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
         raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
     kernel = _loaded(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
     programmatic = programmatic_launch()
+    # The operands as the kernel reads them: with trans_c, B^T and A^T (views, no copies).
+    kernel_problem = sched.kernel_problem(problem, cfg)
+    operands = (a3, a_map, b3, b_map)
+    if cfg.trans_c:
+        operands = (b3.transpose(0, 2, 1), b_map, a3.transpose(0, 2, 1), a_map)
     launches = []
     for z0, count in layout.batch_chunks(problem.batch):
         grid = sched.grid(problem, cfg, count, splits=choice.splits)
         inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem, [],
-                             _gemv_ints(problem, a3, a_map, b3, b_map, c3, z0),
+                             _gemv_ints(kernel_problem, *operands, c3, z0),
                              pointers=GEMV_POINTERS, programmatic=programmatic)
         launches.append(GemvLaunch(inner, device_id,
-                                   sched.scratch_bytes(problem, cfg, count, choice.splits)))
+                                   sched.scratch_bytes(problem, cfg, count, choice.splits),
+                                   swap=cfg.trans_c))
     return launches
 
 

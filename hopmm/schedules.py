@@ -667,14 +667,18 @@ class GemvConfig:
     """The tunables of one gemv kernel: rows of C per CTA (max_rows, a power of two up to 16),
     warps per CTA, columns per warp (K-major B; N-major: a lane owns 8 columns) and loads in
     flight per lane and column (unroll: vectors along K of a K-major column, rows of N-major
-    B, a multiple of 8). The K split is a launch parameter (Choice.splits)."""
+    B, a multiple of 8). The K split is a launch parameter (Choice.splits). With trans_c the
+    kernel computes C^T = B^T A^T (a problem of few columns and many rows): its A is the
+    problem's B^T, its B the problem's A^T, and it stores C transposed; trans_a and trans_b
+    then describe the kernel's operands (GemvSchedule.kernel_problem)."""
     dtype: str
-    trans_a: bool   # A is M-major
-    trans_b: bool   # B is N-major
+    trans_a: bool   # the kernel's A is M-major
+    trans_b: bool   # the kernel's B is N-major
     max_rows: int
     warps: int = 8
     cols: int = 4
     unroll: int = 2
+    trans_c: bool = False
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -712,19 +716,24 @@ class GemvConfig:
     def tag(self) -> str:
         layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
-        return f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}_{layout}"
+        swap = "_ct" if self.trans_c else ""
+        return (f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}{swap}_"
+                f"{layout}")
 
     @classmethod
-    def default(cls, dtype: str, trans_a: bool, trans_b: bool, rows: int) -> "GemvConfig":
+    def default(cls, dtype: str, trans_a: bool, trans_b: bool, rows: int,
+                trans_c: bool = False) -> "GemvConfig":
         """The config for `rows` rows of C: the next max_rows step, and per layout the shape
         that keeps 32 KB or more of B in flight per CTA (8 warps x 32 lanes x 16 B x
         unroll (x cols)): predictions, to be swept on the GPU (bench/gemv_tune.py)."""
         top = GEMV_TN_MAX_ROWS if trans_a and trans_b else GEMV_MAX_ROWS[-1]
         max_rows = next((r for r in GEMV_MAX_ROWS if r >= min(rows, top)), top)
         if trans_b:
-            return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1, unroll=8)
+            return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1, unroll=8,
+                       trans_c=trans_c)
         # 4 x 2 vectors in flight per lane: 16 rows still fit (232 registers, no spills).
-        return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=4, unroll=2)
+        return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=4, unroll=2,
+                   trans_c=trans_c)
 
 
 class GemvSchedule:
@@ -770,9 +779,22 @@ class GemvSchedule:
                 f"{cfg.unroll} vectors per column in flight; shuffle reduction")
 
     @staticmethod
-    def tiles(problem: Problem, cfg: GemvConfig) -> tuple[int, int]:
-        """(row groups, column blocks) of one batch slice."""
-        return -(-problem.m // cfg.max_rows), -(-problem.n // cfg.block_n)
+    def kernel_problem(problem: Problem, cfg: GemvConfig) -> Problem:
+        """The problem the kernel computes: `problem` itself, or with trans_c its transpose
+        C^T = B^T A^T (rows and columns swapped; the kernel's A is B^T, K-major where B is,
+        and its B is A^T, K-major where A is)."""
+        if not cfg.trans_c:
+            return problem
+        return Problem(m=problem.n, n=problem.m, k=problem.k, batch=problem.batch,
+                       dtype=problem.dtype, a_major="k" if problem.b_major == "k" else "m",
+                       b_major="k" if problem.a_major == "k" else "n")
+
+    @classmethod
+    def tiles(cls, problem: Problem, cfg: GemvConfig) -> tuple[int, int]:
+        """(row groups, column blocks) of one batch slice of the kernel's problem (every
+        method here takes the caller's problem)."""
+        kp = cls.kernel_problem(problem, cfg)
+        return -(-kp.m // cfg.max_rows), -(-kp.n // cfg.block_n)
 
     @classmethod
     def max_splits(cls, problem: Problem, cfg: GemvConfig, batch_count: int) -> int:
@@ -824,17 +846,20 @@ class GemvSchedule:
             "kBf16": cfg.dtype == "bfloat16", "kAKMajor": not cfg.trans_a,
             "kBKMajor": not cfg.trans_b, "kMaxRows": cfg.max_rows, "kWarps": cfg.warps,
             "kCols": cfg.cols, "kUnroll": cfg.unroll, "kBlockN": cfg.block_n,
-            "kCounters": GEMV_COUNTERS,
+            "kCounters": GEMV_COUNTERS, "kTransC": cfg.trans_c,
         }
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
                                     {"THREADS": str(cfg.threads)}, entry=cls.entry)
 
     @classmethod
     def configs(cls, smem_limit: int = 0) -> list[GemvConfig]:
-        """The default config of every row step, dtype and layout (the heuristic's set)."""
+        """The default config of every row step, dtype and layout (the heuristic's set), and
+        the transposed store of the smallest and largest step."""
+        steps = [(rows, False) for rows in GEMV_MAX_ROWS]
+        steps += [(GEMV_MAX_ROWS[0], True), (GEMV_MAX_ROWS[-1], True)]
         return list(dict.fromkeys(
-            GemvConfig.default(dtype, ta, tb, rows) for rows, dtype, ta, tb in
-            itertools.product(GEMV_MAX_ROWS, KERNEL_DTYPES, (False, True), (False, True))))
+            GemvConfig.default(dtype, ta, tb, rows, trans_c) for (rows, trans_c), dtype, ta, tb
+            in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True))))
 
 
 # Schedules that are not TMA/wgmma tile schedules (SCHEDULES holds those); use_schedule

@@ -163,7 +163,8 @@ class SimulatedLaunch:
     def _gemv(self, a_ptr, b_ptr, c_ptr, scratch_ptr):
         """The gemv kernel, from its pointers and integers alone (gemv_entry.cu.in): strides
         in elements along each operand's non-contiguous axis, batch strides in 16-byte units;
-        split launches get a scratch whose counters are zero."""
+        split launches get a scratch whose counters are zero. A transposed kernel (_ct_ in
+        its name) computes C^T from its operands (B^T and A^T) and stores C."""
         from hopmm.schedules import GEMV_COUNTERS
 
         assert self.pointers == 4 and self.cluster == (1, 1, 1)
@@ -189,8 +190,11 @@ class SimulatedLaunch:
             pa, pb, pc = (a_ptr + za * a_b16 * 16, b_ptr + zb * b_b16 * 16, c_ptr + z * c_b16 * 16)
             am = matrix(pa, m, k, a_ld, 1) if self.a_k_major else matrix(pa, m, k, 1, a_ld)
             bm = matrix(pb, k, n, b_ld, 1) if self.b_n_major else matrix(pb, k, n, 1, b_ld)
-            cm = matrix(pc, m, n, c_ld, 1)
-            cm[...] = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
+            product = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
+            if "_ct_" in name:
+                matrix(pc, n, m, c_ld, 1)[...] = product.T
+            else:
+                matrix(pc, m, n, c_ld, 1)[...] = product
 
     def _partials(self, am, bm, splits):
         """Each split's partial product over its k-blocks (the kernel's partition)."""
@@ -732,6 +736,9 @@ GEMV_CASES = {
     "batched_both": lambda: (rand((3, 8, 64)), rand((3, 40, 64)).transpose(0, 2, 1)),
     "sliced_b": lambda: (rand((4, 96)), rand((96, 200))[:, 8:136]),
     "fp16": lambda: (rand((8, 128), np.float16), rand((128, 64), np.float16)),
+    "few_columns": lambda: (rand((300, 64)), rand((64, 5))),
+    "few_columns_transposed": lambda: (rand((64, 300)).T, rand((5, 64)).T),
+    "matrix_times_vector": lambda: (rand((2, 100, 72)), rand((72,))),
 }
 
 
@@ -754,6 +761,19 @@ def test_simulated_gemv_split_k_scratch(simulated_gpu):
     run = SimulatedLaunch.last
     assert not run.templates and run.grid[1] > 1
     assert len(workspace._gemv_scratch) == 1
+
+
+@pytest.mark.parametrize("a_transposed", [False, True])
+@pytest.mark.parametrize("m,k,n,batch", [(4096, 4096, 1, 1), (4096, 2048, 8, 2),
+                                         (6000, 4096, 3, 1)])
+def test_simulated_few_columns_take_gemv_transposed(simulated_gpu, m, k, n, batch,
+                                                    a_transposed):
+    """Problems of few columns and many rows: gemv on C^T = B^T A^T, streaming A."""
+    a = rand((batch, k, m)).transpose(0, 2, 1) if a_transposed else rand((batch, m, k))
+    for b in (rand((k, n)), rand((n, k)).T):
+        expect(a, b, hopmm.matmul(a, b))
+        assert not SimulatedLaunch.last.templates
+        assert "C^T = B^T A^T" in hopmm.explain(a, b)
 
 
 @pytest.mark.parametrize("m,k,n,batch,transposed", [

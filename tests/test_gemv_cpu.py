@@ -75,6 +75,8 @@ def test_tags_name_every_tunable():
     assert GemvSchedule.kernel_name(cfg) == "hopmm_gemv_f16_m8_w4_c2_u3_TT"
     assert cfg.block_n == 8 and cfg.threads == 128
     assert GemvConfig("bfloat16", False, True, 1, cols=1, unroll=8).block_n == 256
+    swapped = GemvConfig("bfloat16", False, True, 1, cols=1, unroll=8, trans_c=True)
+    assert GemvSchedule.kernel_name(swapped) == "hopmm_gemv_bf16_m1_w8_c1_u8_ct_NN"
 
 
 def test_grid_and_scratch():
@@ -115,6 +117,26 @@ def test_decode_shapes_take_gemv(m, n, k, b_major):
 def test_more_rows_do_not_take_gemv(m):
     c = heuristics.choose(Problem(m, 8192, 8192, 1, "bfloat16"), H100_SXM)
     assert c.schedule is not GemvSchedule
+
+
+@pytest.mark.parametrize("a_major,b_major", [("k", "k"), ("k", "n"), ("m", "k"), ("m", "n")])
+@pytest.mark.parametrize("m,n,k", [(8192, 1, 8192), (8192, 8, 8192), (28672, 4, 8192)])
+def test_few_columns_take_gemv_transposed(m, n, k, a_major, b_major):
+    """C^T = B^T A^T: the kernel's rows are the problem's columns, its A is B^T (K-major where
+    B is), its B is A^T (K-major where A is)."""
+    p = Problem(m, n, k, 1, "bfloat16", a_major, b_major)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is GemvSchedule and c.config.trans_c and "C^T = B^T A^T" in c.reason
+    kp = GemvSchedule.kernel_problem(p, c.config)
+    assert (kp.m, kp.n, kp.k) == (n, m, k)
+    assert kp.trans_a == (b_major == "n") and kp.trans_b == (a_major == "m")
+    assert (c.config.trans_a, c.config.trans_b) == (kp.trans_a, kp.trans_b)
+    assert GemvSchedule.tiles(p, c.config)[0] == 1
+
+
+def test_many_columns_and_rows_do_not_transpose():
+    assert heuristics.choose(Problem(8192, 17, 8192, 1, "bfloat16"),
+                             H100_SXM).schedule is not GemvSchedule
 
 
 @pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 28672, 8192)])

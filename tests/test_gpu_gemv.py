@@ -174,6 +174,38 @@ def test_rows_past_sixteen_take_row_groups(m):
         assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
 
 
+FEW_COLUMNS = [(1001, 1, 777), (4096, 3, 4096), (300, 8, 5), (2000, 16, 1030)]
+
+
+@pytest.mark.parametrize("layouts", ["kk", "kn", "mk", "mn"])
+@pytest.mark.parametrize("m,n,k", FEW_COLUMNS, ids=[f"{m}x{n}x{k}" for m, n, k in FEW_COLUMNS])
+def test_few_columns_run_transposed(m, n, k, layouts):
+    """More rows than columns: the kernel computes C^T = B^T A^T, streaming A, and stores C
+    transposed (A: K- or M-major; B: K- or N-major)."""
+    dtype = "bfloat16"
+    a = rand((m, k), dtype) if layouts[0] == "k" else rand((k, m), dtype).T
+    b = rand((n, k), dtype).T if layouts[1] == "k" else rand((k, n), dtype)
+    c, choice = run_gemv(a, b)
+    assert choice.config.trans_c
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+    c, _ = run_gemv(a, b, 3)
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert counters_zero()
+
+
+def test_matrix_times_vector_default_path():
+    """Unforced, a matrix times a vector runs on the transposed gemv."""
+    import hopmm
+
+    hopmm.use_schedule(None)
+    a, v = rand((8192, 8192), "bfloat16"), rand((8192,), "bfloat16")
+    assert "C^T = B^T A^T" in hopmm.explain(a, v)
+    got = hopmm.matmul(a, v)
+    assert got.shape == (8192,)
+    assert rel_err(got[:, None], a, v[:, None]) < TOL["bfloat16"]
+
+
 def test_sliced_views_and_vectors():
     import hopmm
 

@@ -18,7 +18,8 @@
 // FMA bound: each 2-byte element of B costs M fp32 FMAs (plus one conversion), so at 3 TB/s
 // the kernel issues 1.5e12 x M FMAs/s = 3 M TFLOP/s of fp32 work: M = 8 needs 24 TFLOP/s, M = 16
 // 48 of the ~67 TFLOP/s an H100 SXM's CUDA cores give (132 SMs x 128 FMA/clk x 2 x 1.98 GHz).
-// Rows past 16 come in further row groups (grid x), each reading B again.
+// Rows past 16 come in further row groups (grid x), each reading B again. Problems of few
+// columns and many rows run transposed (C^T = B^T A^T, Config::kTransC: C stored transposed).
 //
 // Split K (S > 1): each CTA writes its kMaxRows x kBlockN fp32 partial to its own slot of the
 // scratch buffer and arrives on its tile's counter (acq_rel); the last of the S to arrive adds
@@ -333,10 +334,12 @@ __device__ __forceinline__ void gemv_store(const GemvArgs& args, const float* ti
     constexpr int kTile = Config::kMaxRows * Config::kBlockN;
     const int S = gridDim.y;
     unsigned short* c = args.c + static_cast<long long>(z) * args.c_batch16 * kGemvVec;
+    // kTransC: the kernel computed C^T (rows = the problem's columns), stored transposed.
     auto store = [&](int e, float value) {
         const int i = e / Config::kBlockN, n = col0 + e % Config::kBlockN;
-        if (i < rows && n < args.n)
-            c[static_cast<long long>(m0 + i) * args.c_ld + n] = to_16bit<Config::kBf16>(value);
+        const long long at = Config::kTransC ? static_cast<long long>(n) * args.c_ld + m0 + i
+                                             : static_cast<long long>(m0 + i) * args.c_ld + n;
+        if (i < rows && n < args.n) c[at] = to_16bit<Config::kBf16>(value);
     };
     if (S == 1) {
         for (int e = threadIdx.x; e < kTile; e += blockDim.x) store(e, tile[e]);
