@@ -146,8 +146,11 @@ def precompile(dev, dt_name, layouts, shapes):
                 cfgs.add(dataclasses.replace(base, **fields))
             except ValueError:
                 pass
+    cfgs = sorted(cfgs, key=lambda cfg: cfg.tag)
+    build = lambda cfg: compiler.compile_kernel(GemvSchedule.render(cfg))  # noqa: E731
+    build(cfgs[0])   # loads NVRTC once before the threads share it
     with ThreadPoolExecutor(COMPILE_THREADS) as pool:
-        list(pool.map(lambda cfg: compiler.compile_kernel(GemvSchedule.render(cfg)), cfgs))
+        list(pool.map(build, cfgs[1:]))
 
 
 def main(argv=None) -> int:
