@@ -210,8 +210,8 @@ def test_sliced_views_and_vectors():
     import hopmm
 
     dtype = "float16"
-    a = rand((40, 2100), dtype)[10:14, 8:2008]     # strided rows, read in place
-    b = rand((2000, 2, 96), dtype)[:, 1, :]        # 2-element row stride: copied
+    a = rand((40, 2100), dtype)[10:14, 8:2008]     # 4200-byte row pitch: an aligned copy
+    b = rand((2000, 2, 96), dtype)[:, 1, :]        # every other row of 96: read in place
     assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
     w = rand((3000, 2048), dtype)[100:2100, :2000]  # a sliced torch-style weight, used as w.T
     assert rel_err(poisoned_matmul(a, w.T), a, w.T) < TOL[dtype]
