@@ -142,9 +142,11 @@ def test_bitwise_repeatable(b_major, splits):
 @pytest.mark.parametrize("config", [dict(warps=4), dict(cols=2), dict(cols=8, unroll=1),
                                     dict(unroll=4), dict(max_rows=16)])
 def test_tunables_k_major(config):
-    """Other warps / columns / unroll / row steps of K-major B (bench/gemv_tune.py's sweep)."""
-    a, b = rand((3, 2049), "float16"), rand((517, 2049), "float16").T
-    c, _ = run_gemv(a, b, 3, **config)
+    """Other warps / columns / unroll / row steps of K-major B (bench/gemv_tune.py's sweep);
+    K = 2056: B's rows are whole vectors (read in place, K-major), 257 of them per column."""
+    a, b = rand((3, 2056), "float16"), rand((517, 2056), "float16").T
+    c, choice = run_gemv(a, b, 3, **config)
+    assert not choice.config.trans_b
     assert rel_err(c, a, b) < TOL["float16"]
 
 
