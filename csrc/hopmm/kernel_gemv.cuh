@@ -234,8 +234,9 @@ __device__ __forceinline__ void gemv_k_major(const GemvArgs& args, const GemvA<C
         fma_vector(bv, w);
     }
     // The last split's elements past the last whole vector (K not a multiple of 8): one lane.
+    // (A split past the end has k_lo = k_hi = K, beyond v_full's vector start: nothing.)
     if (lane == 0) {
-        for (int k = v_full * kGemvVec; k < k_hi; ++k) {
+        for (int k = max(v_full * kGemvVec, k_lo); k < k_hi; ++k) {
 #pragma unroll
             for (int i = 0; i < M; ++i) {
                 const float ak = a.at(i, k);
