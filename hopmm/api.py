@@ -40,11 +40,11 @@ class KernelCall(operands.KernelOperands):
 def use_schedule(name: str | None) -> None:
     """Run every kernel call on schedule `name` (None: let the heuristic choose)."""
     global _schedule_override
-    from .schedules import SCHEDULES
+    from .schedules import ALL_SCHEDULES
 
-    if name is not None and name not in SCHEDULES:
+    if name is not None and name not in ALL_SCHEDULES:
         raise ValueError(f"unknown schedule {name!r} (from use_schedule or {SCHEDULE_ENV}); "
-                         f"known: {sorted(SCHEDULES)}")
+                         f"known: {sorted(ALL_SCHEDULES)}")
     _schedule_override = name
     fastpath.clear()  # remembered launches were built for the previous choice
 

@@ -8,8 +8,9 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, ELEM_BYTES, MAX_CLUSTER_SPLITS, MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
-                        TMA_BOX_ELEMS, WGMMA_M, KernelConfig, PersistentClusterOverlapSchedule,
+from .schedules import (BLOCK_M, ELEM_BYTES, F32_BYTES, MAX_CLUSTER_SPLITS, MIN_STAGES,
+                        SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig,
+                        GemvSchedule, KernelConfig, PersistentClusterOverlapSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
                         PersistentSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
                         SplitKSchedule)
@@ -377,8 +378,129 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
             f"cuBLAS reads such rows in place")
 
 
+# gemv (GemvSchedule): B streamed once by CUDA-core FMAs, for outputs of few rows. Its model:
+#   time(s) = max(bytes / (GEMV_DRAM_TBPS x fill),  2 x rows computed x N x K / GEMV_FMA_TFLOPS)
+#             + GEMV_LAUNCH_US  +  (s > 1: GEMV_SPLIT_US + the partials' bytes / GEMV_DRAM_TBPS)
+# bytes: A and C once, B once per row group of GemvConfig.max_rows rows; fill: the share of
+# GEMV_INFLIGHT_PER_SM the grid's CTAs keep in flight (fewer CTAs, fewer loads). Every
+# constant here is a PREDICTION, not yet measured (bench/gemv_tune.py measures them):
+# - GEMV_DRAM_TBPS: the issue's target, 0.95 of a device-to-device copy (~3.0 TB/s on an H100);
+# - GEMV_FMA_TFLOPS: the fp32 FMA rate the kernel reaches with its bf16 -> fp32 conversions,
+#   about 0.7 of the ~67 TFLOP/s of an H100 SXM's CUDA cores (binds from ~16 rows on);
+# - GEMV_LAUNCH_US: launch, first loads' latency and the last CTAs' tail;
+# - GEMV_SPLIT_US: the last CTA of a tile reading every split's partial and the counter's
+#   round trip;
+# - GEMV_INFLIGHT_PER_SM: bytes of B in flight per SM that cover DRAM latency (Little's law:
+#   ~3 TB/s x ~1 us / 132 SMs ~ 24 KB per SM, twice that for margin); a CTA holds threads x
+#   unroll x cols x 16 B (GemvConfig.inflight_bytes), and fill is the share of it the grid's
+#   CTAs give;
+# - GEMV_MIN_SPLIT_K: elements of K per split below which the partials cost more than the
+#   CTAs they add.
+GEMV_DRAM_TBPS = 2.85
+GEMV_FMA_TFLOPS = 45.0
+GEMV_LAUNCH_US = 2.0
+GEMV_SPLIT_US = 1.0
+GEMV_INFLIGHT_PER_SM = 48 * 1024
+GEMV_MIN_SPLIT_K = 256
+# Rows of C gemv is taken for without forcing: its kernel's design point (kernel_gemv.cuh's FMA
+# bound); more rows read B once per group of 16.
+GEMV_MAX_M = 16
+
+
+def gemv_splits(problem: Problem, cfg: GemvConfig, device: DeviceInfo) -> int:
+    """The fewest K splits whose CTAs keep GEMV_INFLIGHT_PER_SM in flight on every SM,
+    keeping GEMV_MIN_SPLIT_K elements of K per split and within the schedule's bound; 1 where
+    the tiles alone do."""
+    batch_count = min(problem.batch, MAX_GRID_Z)
+    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)   # of the kernel's problem
+    ctas = row_groups * col_blocks * batch_count
+    wanted = -(-_gemv_ctas_wanted(cfg, device) // ctas)
+    top = min(GemvSchedule.max_splits(problem, cfg, batch_count),
+              max(1, problem.k // GEMV_MIN_SPLIT_K))
+    return max(1, min(wanted, top))
+
+
+def _gemv_ctas_wanted(cfg: GemvConfig, device: DeviceInfo) -> int:
+    """CTAs that keep GEMV_INFLIGHT_PER_SM of B in flight on every SM."""
+    return -(-device.sm_count * GEMV_INFLIGHT_PER_SM // cfg.inflight_bytes)
+
+
+def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: DeviceInfo) -> float:
+    """The gemv model above, in microseconds (of the kernel's problem: with trans_c the
+    transposed one)."""
+    kp = GemvSchedule.kernel_problem(problem, cfg)
+    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
+    b = kp.k * kp.n * ELEM_BYTES * row_groups
+    ac = (kp.m * kp.k + kp.m * kp.n) * ELEM_BYTES
+    bytes_ = (b + ac) * kp.batch
+    ctas = row_groups * col_blocks * min(kp.batch, MAX_GRID_Z) * splits
+    fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
+    memory = bytes_ / (GEMV_DRAM_TBPS * 1e6 * fill)
+    compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
+               / (GEMV_FMA_TFLOPS * 1e6))
+    split = 0.0
+    if splits > 1:
+        partials = 2 * ctas * cfg.max_rows * cfg.block_n * F32_BYTES
+        split = GEMV_SPLIT_US + partials / (GEMV_DRAM_TBPS * 1e6)
+    return max(memory, compute) + GEMV_LAUNCH_US + split
+
+
+def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
+                 rival_us: float | None = None) -> Choice | None:
+    """gemv where forced, or where its model beats `rival_us` (the split-K model's estimate of
+    the choice it would make; None: no rival estimate, gemv is taken within GEMV_MAX_M).
+    Problems of more than GEMV_MAX_M rows and fewer columns than rows run transposed (C^T =
+    B^T A^T: A is streamed)."""
+    trans_c = problem.m > GEMV_MAX_M and problem.n < problem.m
+    if not forced and min(problem.m, problem.n) > GEMV_MAX_M:
+        return None
+    if trans_c and not forced and problem.n > GEMV_MAX_M:
+        return None
+    kp = GemvSchedule.kernel_problem(problem, GemvConfig.default(problem.dtype, False, False, 1,
+                                                                 trans_c))
+    cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c)
+    splits = gemv_splits(problem, cfg, device)
+    estimate = gemv_estimate_us(problem, cfg, splits, device)
+    if not forced and rival_us is not None and estimate >= rival_us:
+        return None
+    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
+    streamed = "A streamed once as C^T = B^T A^T" if trans_c else "B streamed once"
+    why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, 16-byte loads), "
+           f"{col_blocks} column blocks of {cfg.block_n} x {row_groups} row group(s) of "
+           f"{cfg.max_rows} x {splits} K split(s)"
+           + (" added up in split order by each tile's last CTA" if splits > 1 else "")
+           + f"; predicted {estimate:.1f} us"
+           + (f" against split_k_parallel's {rival_us:.1f}" if rival_us is not None else "")
+           + (" (forced)" if forced else ""))
+    return Choice(GemvSchedule, cfg, why, 1, splits)
+
+
+def _split_k_parallel_estimate(problem: Problem, device: DeviceInfo) -> float | None:
+    """split_k_parallel's model estimate of its best config and split count, or None."""
+    estimates = []
+    for cfg in split_configs(SplitKParallelSchedule, problem, device):
+        est = _split_estimates(SplitKParallelSchedule, problem, cfg, device, False)
+        if est:
+            estimates.append(min(est.values()))
+    return min(estimates) if estimates else None
+
+
 @functools.lru_cache(maxsize=4096)
-def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None) -> Choice:
+def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
+           epilogue: bool = False) -> Choice:
+    """The schedule and config for `problem`. `epilogue`: the call carries a fused epilogue
+    (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
+    is an error."""
+    if schedule == GemvSchedule.name:
+        if epilogue:
+            raise ValueError("gemv has no fused epilogue; force another schedule for calls "
+                             "with bias= or activation=")
+        return _gemv_choice(problem, device, forced=True)
+    if schedule is None and not epilogue and min(problem.m, problem.n) <= GEMV_MAX_M:
+        gemv = _gemv_choice(problem, device, forced=False,
+                            rival_us=_split_k_parallel_estimate(problem, device))
+        if gemv is not None:
+            return gemv
     split_k_names = [s.name for s in SPLIT_K_SCHEDULES]
     if schedule is None or schedule in split_k_names:
         split = _split_k_choice(problem, device, forced=schedule)

@@ -205,6 +205,93 @@ def _map_template(spec: tma.TensorMapSpec) -> tuple:
             tma.SWIZZLE[spec.swizzle], spec.l2_promotion, spec.oob_fill)
 
 
+class GemvLaunch:
+    """A gemv launch (schedules.GemvSchedule): a KernelLaunch of no tensor maps and four
+    pointers (A, B, C and the split-K scratch of the launching stream, looked up on every
+    launch where the launch splits K)."""
+
+    __slots__ = ("inner", "device_id", "scratch_bytes", "swap")
+
+    def __init__(self, inner, device_id: int, scratch_bytes: int, swap: bool = False):
+        self.inner = inner
+        self.device_id = device_id
+        self.scratch_bytes = scratch_bytes
+        self.swap = swap   # the kernel computes C^T = B^T A^T: its A is B, its B is A
+
+    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int) -> None:
+        scratch = (workspace.gemv_scratch(self.device_id, stream, self.scratch_bytes)
+                   if self.scratch_bytes else 0)
+        if self.swap:
+            a_ptr, b_ptr = b_ptr, a_ptr
+        self.inner.launch(stream, a_ptr, b_ptr, c_ptr, scratch)
+
+
+GEMV_POINTERS = 4   # A, B, C, scratch
+VECTOR_BYTES = 16   # gemv's loads; its batch strides are passed in these units
+INT32_MAX = 2**31 - 1
+
+
+def _gemv_ints(problem: Problem, a3, a_map: BatchMapping, b3, b_map: BatchMapping, c3,
+               z0: int) -> tuple:
+    """gemv_entry.cu.in's integers: sizes, batch mapping, each operand's stride along its
+    non-contiguous axis (elements; 0 where that axis has one index) and batch stride (16-byte
+    units; 0 for one slice)."""
+    item = a3.itemsize
+
+    def along(x3, axis: int) -> int:
+        return x3.strides[axis] // item if x3.shape[axis] > 1 else 0
+
+    def batch16(x3) -> int:
+        if x3.shape[0] == 1:
+            return 0
+        if x3.strides[0] % VECTOR_BYTES:
+            raise ValueError(f"gemv: batch stride {x3.strides[0]} B is not a multiple of "
+                             f"{VECTOR_BYTES}")
+        return x3.strides[0] // VECTOR_BYTES
+
+    a_ld = along(a3, 2) if problem.trans_a else along(a3, 1)
+    b_ld = along(b3, 1) if problem.trans_b else along(b3, 2)
+    ints = (problem.m, problem.n, problem.k, z0, a_map.div, a_map.mod, b_map.div, b_map.mod,
+            a_ld, b_ld, along(c3, 1), batch16(a3), batch16(b3), batch16(c3))
+    if not all(0 <= v <= INT32_MAX for v in ints):
+        raise ValueError(f"gemv: a size or stride exceeds the kernel's 32-bit arguments: {ints}")
+    return ints
+
+
+def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
+                        b_map: BatchMapping, c3) -> list:
+    """build_launches for the gemv schedule: operands as prepare_operand made them (rows of
+    whole 16-byte vectors, aligned), C row-major."""
+    import cupy
+
+    from ._tensormap import KernelLaunch
+
+    cfg, sched = choice.config, choice.schedule
+    kernel_info = compiled(sched, cfg)
+    smem = sched.smem_bytes(cfg)
+    device_id = cupy.cuda.Device().id
+    problems = kernel_info.report.problems(smem, query(device_id).smem_per_block_optin)
+    if problems:
+        raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
+    kernel = _loaded(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
+    programmatic = programmatic_launch()
+    # The operands as the kernel reads them: with trans_c, B^T and A^T (views, no copies).
+    kernel_problem = sched.kernel_problem(problem, cfg)
+    operands = (a3, a_map, b3, b_map)
+    if cfg.trans_c:
+        operands = (b3.transpose(0, 2, 1), b_map, a3.transpose(0, 2, 1), a_map)
+    launches = []
+    for z0, count in layout.batch_chunks(problem.batch):
+        grid = sched.grid(problem, cfg, count, splits=choice.splits)
+        inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem, [],
+                             _gemv_ints(kernel_problem, *operands, c3, z0),
+                             pointers=GEMV_POINTERS, programmatic=programmatic)
+        launches.append(GemvLaunch(inner, device_id,
+                                   sched.scratch_bytes(problem, cfg, count, choice.splits),
+                                   swap=cfg.trans_c))
+    return launches
+
+
 def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
                    b_map: BatchMapping, c3) -> list:
     """Launches computing C3 = A3 @ B3 over the broadcast batch (one per chunk of at most
@@ -216,6 +303,8 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     from ._tensormap import KernelLaunch
 
     cfg, sched = choice.config, choice.schedule
+    if getattr(sched, "streaming", False):
+        return build_gemv_launches(choice, problem, a3, a_map, b3, b_map, c3)
     kernel_info = compiled(sched, cfg)
     smem = sched.smem_bytes(cfg)
     device_id = cupy.cuda.Device().id

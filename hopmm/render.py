@@ -65,16 +65,18 @@ class RenderedKernel:
         return sha256(self.source)
 
 
-def render_kernel(name: str, snippets: list[str], fields: dict, slots: dict) -> RenderedKernel:
-    """Fills kernel_entry.cu.in: `fields` become `static constexpr` members of Config,
-    `slots` name the skeleton and the producer / consumer / epilogue types, and may give
-    KERNEL_ATTRIBUTES (e.g. `__cluster_dims__(2, 1, 1) `; none by default)."""
+def render_kernel(name: str, snippets: list[str], fields: dict, slots: dict,
+                  entry: str = "kernel_entry.cu.in") -> RenderedKernel:
+    """Fills the entry template `entry` (kernel_entry.cu.in: the TMA kernels' signature):
+    `fields` become `static constexpr` members of Config, `slots` name the skeleton and the
+    producer / consumer / epilogue types, and may give KERNEL_ATTRIBUTES (e.g.
+    `__cluster_dims__(2, 1, 1) `; none by default)."""
     slots = {"KERNEL_ATTRIBUTES": "", **slots}
     body, hashes = inline_snippets(snippets)
     provenance = " ".join(f"{n}@{h[:16]}" for n, h in sorted(hashes.items()))
     config_fields = "\n".join(f"    static constexpr {_ctype(v)} {k} = {_cvalue(v)};"
                               for k, v in fields.items())
-    source = string.Template(read_snippet("kernel_entry.cu.in")).substitute(
+    source = string.Template(read_snippet(entry)).substitute(
         PROVENANCE=f"snippets: {provenance}", SNIPPETS=body, CONFIG_FIELDS=config_fields,
         KERNEL_NAME=name, **slots)
     return RenderedKernel(name=name, source=source, snippet_hashes=hashes)

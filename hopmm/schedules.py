@@ -640,3 +640,229 @@ SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
                                  PersistentOverlapSchedule, PersistentClusterSchedule,
                                  PersistentClusterOverlapSchedule, PingPongSchedule,
                                  SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)}
+
+
+# ---- gemv: a memory stream of B for outputs of very few rows (kernel_gemv.cuh) ----------------
+
+WARP_THREADS = 32
+# Elements of one 16-byte vector load of 16-bit values: a K-major lane's step along K, an
+# N-major lane's columns.
+GEMV_VEC = 8
+# Rows of C one gemv CTA computes (its fp32 accumulators per column); more rows take further
+# row groups, each streaming B again. 16 keeps a lane's accumulators (16 x 8 N-major) in
+# registers and the FMA work within the CUDA cores' rate at copy bandwidth (kernel_gemv.cuh).
+GEMV_MAX_ROWS = (1, 2, 4, 8, 16)
+# Counters leading the split-K scratch buffer (workspace.gemv_scratch), one per (batch slot,
+# CTA tile) of a split launch: splitting is for launches of few tiles, far below this.
+GEMV_COUNTERS = 4096
+# M-major A with N-major B gathers A element by element: 16 rows of it spill registers (ptxas),
+# so that layout takes groups of 8 rows.
+GEMV_TN_MAX_ROWS = 8
+COUNTER_BYTES = 4  # one u32
+MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (gemv's K splits)
+
+
+@dataclass(frozen=True)
+class GemvConfig:
+    """The tunables of one gemv kernel: rows of C per CTA (max_rows, a power of two up to 16),
+    warps per CTA, columns per warp (K-major B; N-major: a lane owns 8 columns) and loads in
+    flight per lane and column (unroll: vectors along K of a K-major column, rows of N-major
+    B, a multiple of 8). The K split is a launch parameter (Choice.splits). With trans_c the
+    kernel computes C^T = B^T A^T (a problem of few columns and many rows): its A is the
+    problem's B^T, its B the problem's A^T, and it stores C transposed; trans_a and trans_b
+    then describe the kernel's operands (GemvSchedule.kernel_problem)."""
+    dtype: str
+    trans_a: bool   # the kernel's A is M-major
+    trans_b: bool   # the kernel's B is N-major
+    max_rows: int
+    warps: int = 8
+    cols: int = 4
+    unroll: int = 2
+    trans_c: bool = False
+
+    def __post_init__(self):
+        if self.dtype not in KERNEL_DTYPES:
+            raise ValueError(f"unsupported dtype {self.dtype!r}")
+        if self.max_rows not in GEMV_MAX_ROWS:
+            raise ValueError(f"max_rows must be one of {GEMV_MAX_ROWS}, got {self.max_rows}")
+        if not 1 <= self.warps <= 32:
+            raise ValueError(f"1 to 32 warps per CTA, got {self.warps}")
+        if self.trans_b:
+            if self.cols != 1:
+                raise ValueError("N-major B: each lane owns one vector of columns (cols = 1)")
+            if self.unroll < GEMV_VEC or self.unroll % GEMV_VEC:
+                raise ValueError(f"N-major B: unroll is whole groups of {GEMV_VEC} rows (A is "
+                                 f"read in vectors), got {self.unroll}")
+        elif self.cols < 1 or self.unroll < 1:
+            raise ValueError("K-major B: cols and unroll must be positive")
+
+    @property
+    def block_n(self) -> int:
+        """Columns of C one CTA computes."""
+        if self.trans_b:
+            return WARP_THREADS * GEMV_VEC
+        return self.warps * self.cols
+
+    @property
+    def threads(self) -> int:
+        return self.warps * WARP_THREADS
+
+    @property
+    def inflight_bytes(self) -> int:
+        """Bytes of B one CTA has in flight: a 16-byte vector per lane, unroll x cols."""
+        return self.threads * self.unroll * self.cols * GEMV_VEC * ELEM_BYTES
+
+    @property
+    def tag(self) -> str:
+        layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
+        dt = "bf16" if self.dtype == "bfloat16" else "f16"
+        swap = "_ct" if self.trans_c else ""
+        return (f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}{swap}_"
+                f"{layout}")
+
+    @classmethod
+    def default(cls, dtype: str, trans_a: bool, trans_b: bool, rows: int,
+                trans_c: bool = False) -> "GemvConfig":
+        """The config for `rows` rows of C: the next max_rows step, and per layout the shape
+        that keeps 32 KB or more of B in flight per CTA (8 warps x 32 lanes x 16 B x
+        unroll (x cols)): predictions, to be swept on the GPU (bench/gemv_tune.py)."""
+        top = GEMV_TN_MAX_ROWS if trans_a and trans_b else GEMV_MAX_ROWS[-1]
+        max_rows = next((r for r in GEMV_MAX_ROWS if r >= min(rows, top)), top)
+        if trans_b:
+            return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1, unroll=8,
+                       trans_c=trans_c)
+        # 4 x 2 vectors in flight per lane: 16 rows still fit (232 registers, no spills).
+        return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=4, unroll=2,
+                   trans_c=trans_c)
+
+
+class GemvSchedule:
+    """C = A @ B as one stream of B for outputs of very few rows (decode): CUDA-core fp32 FMAs,
+    16-byte non-temporal loads of B, A read through L1, K split across CTAs where N alone
+    gives too few and the partials added up in split order by the last CTA of each tile
+    (kernel_gemv.cuh). Not a TMA/wgmma tile schedule: no tensor maps, its own kernel
+    signature (gemv_entry.cu.in) and launch (launch.GemvLaunch)."""
+
+    name = "gemv"
+    skeleton = "kernel_gemv.cuh"
+    entry = "gemv_entry.cu.in"
+    # The attributes the tile schedules' callers read (api.explain, heuristics).
+    split_k = True
+    workspace = False
+    cluster_size = 1
+    streaming = True
+
+    @classmethod
+    def snippets(cls) -> list[str]:
+        return ["ptx.cuh", "tile_config.cuh", cls.skeleton]
+
+    @staticmethod
+    def threads(cfg: GemvConfig) -> int:
+        return cfg.threads
+
+    @staticmethod
+    def smem_bytes(cfg: GemvConfig) -> int:
+        """The CTA's fp32 tile of C (max_rows x block_n), where its warps' sums meet."""
+        return cfg.max_rows * cfg.block_n * F32_BYTES
+
+    @classmethod
+    def smem_note(cls, cfg: GemvConfig) -> str:
+        return (f"the CTA's {cfg.max_rows}x{cfg.block_n} fp32 tile of C; B streamed through "
+                f"registers")
+
+    @staticmethod
+    def consumer_roles(cfg: GemvConfig) -> str:
+        if cfg.trans_b:
+            return (f"{cfg.warps} warps take turns of {cfg.unroll} rows of N-major B, each lane "
+                    f"{GEMV_VEC} columns; partials added in warp order")
+        return (f"{cfg.warps} warps of {cfg.cols} columns each, lanes along K-major B, "
+                f"{cfg.unroll} vectors per column in flight; shuffle reduction")
+
+    @staticmethod
+    def kernel_problem(problem: Problem, cfg: GemvConfig) -> Problem:
+        """The problem the kernel computes: `problem` itself, or with trans_c its transpose
+        C^T = B^T A^T (rows and columns swapped; the kernel's A is B^T, K-major where B is,
+        and its B is A^T, K-major where A is)."""
+        if not cfg.trans_c:
+            return problem
+        return Problem(m=problem.n, n=problem.m, k=problem.k, batch=problem.batch,
+                       dtype=problem.dtype, a_major="k" if problem.b_major == "k" else "m",
+                       b_major="k" if problem.a_major == "k" else "n")
+
+    @classmethod
+    def tiles(cls, problem: Problem, cfg: GemvConfig) -> tuple[int, int]:
+        """(row groups, column blocks) of one batch slice of the kernel's problem (every
+        method here takes the caller's problem)."""
+        kp = cls.kernel_problem(problem, cfg)
+        return -(-kp.m // cfg.max_rows), -(-kp.n // cfg.block_n)
+
+    @classmethod
+    def max_splits(cls, problem: Problem, cfg: GemvConfig, batch_count: int) -> int:
+        """One vector (or 8-row group) of K per split at the least, and a counter per tile of
+        the launch (GEMV_COUNTERS); at least 1."""
+        row_groups, col_blocks = cls.tiles(problem, cfg)
+        if row_groups * col_blocks * batch_count > GEMV_COUNTERS:
+            return 1
+        return max(1, min(MAX_GRID_Y, -(-problem.k // GEMV_VEC)))
+
+    @classmethod
+    def grid(cls, problem: Problem, cfg: GemvConfig, batch_count: int, sm_count: int = 0,
+             splits: int = 1) -> tuple[int, int, int]:
+        top = cls.max_splits(problem, cfg, batch_count)
+        if not 1 <= splits <= top:
+            raise ValueError(f"gemv: {splits} splits, at most {top} here (a vector of K per "
+                             f"split, {GEMV_COUNTERS} tile counters, {MAX_GRID_Y} in grid y)")
+        row_groups, col_blocks = cls.tiles(problem, cfg)
+        return (row_groups * col_blocks, splits, batch_count)
+
+    @staticmethod
+    def launch_cluster(splits: int = 1) -> tuple[int, int, int]:
+        return (1, 1, 1)
+
+    @classmethod
+    def scratch_bytes(cls, problem: Problem, cfg: GemvConfig, batch_count: int,
+                      splits: int) -> int:
+        """Bytes of split-K scratch one launch needs: the counters, then one fp32 tile per
+        (tile, split); none unsplit."""
+        if splits == 1:
+            return 0
+        row_groups, col_blocks = cls.tiles(problem, cfg)
+        tiles = row_groups * col_blocks * batch_count
+        return GEMV_COUNTERS * COUNTER_BYTES + tiles * splits * cfg.max_rows * cfg.block_n * F32_BYTES
+
+    @classmethod
+    def kernel_name(cls, cfg: GemvConfig) -> str:
+        return f"hopmm_{cls.name}_{cfg.tag}"
+
+    @classmethod
+    def check(cls, cfg) -> None:
+        if not isinstance(cfg, GemvConfig):
+            raise ValueError(f"gemv takes a GemvConfig, got {type(cfg).__name__}")
+
+    @classmethod
+    def render(cls, cfg: GemvConfig) -> render.RenderedKernel:
+        cls.check(cfg)
+        fields = {
+            "kBf16": cfg.dtype == "bfloat16", "kAKMajor": not cfg.trans_a,
+            "kBKMajor": not cfg.trans_b, "kMaxRows": cfg.max_rows, "kWarps": cfg.warps,
+            "kCols": cfg.cols, "kUnroll": cfg.unroll, "kBlockN": cfg.block_n,
+            "kCounters": GEMV_COUNTERS, "kTransC": cfg.trans_c,
+        }
+        return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
+                                    {"THREADS": str(cfg.threads)}, entry=cls.entry)
+
+    @classmethod
+    def configs(cls, smem_limit: int = 0) -> list[GemvConfig]:
+        """The default config of every row step, dtype and layout (the heuristic's set), and
+        the transposed store of the smallest and largest step."""
+        steps = [(rows, False) for rows in GEMV_MAX_ROWS]
+        steps += [(GEMV_MAX_ROWS[0], True), (GEMV_MAX_ROWS[-1], True)]
+        return list(dict.fromkeys(
+            GemvConfig.default(dtype, ta, tb, rows, trans_c) for (rows, trans_c), dtype, ta, tb
+            in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True))))
+
+
+# Schedules that are not TMA/wgmma tile schedules (SCHEDULES holds those); use_schedule
+# accepts every name of ALL_SCHEDULES.
+STREAMING_SCHEDULES = {GemvSchedule.name: GemvSchedule}
+ALL_SCHEDULES = {**SCHEDULES, **STREAMING_SCHEDULES}

@@ -23,10 +23,11 @@ from . import compile as compiler
 from . import device as device_mod
 from . import fastpath, kernel_cache, launch, layout, operands
 from .device import DeviceInfo
-from .heuristics import SPLIT_K_MAX_SPLITS, Choice, split_configs
+from . import heuristics
+from .heuristics import GEMV_MAX_M, SPLIT_K_MAX_SPLITS, Choice, split_configs
 from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
-from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, SplitKParallelSchedule
+from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, GemvSchedule, SplitKParallelSchedule
 from .timing import interleaved_medians, sustained_medians
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
@@ -41,6 +42,11 @@ SUSTAINED_MIN_FLOPS = 2 * 2048**3
 SPLIT_COUNTS = (2, 4, 8, 16)
 # ... and for split_k_parallel, which takes any count the bound allows (and the bound itself).
 PARALLEL_SPLIT_COUNTS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+# ... and for gemv (problems of at most GEMV_MAX_M rows or columns): these multiples of the
+# heuristic's count, and 1. Its config is the heuristic's (GemvConfig.default): an entry
+# records its rows and width (block_m, block_n) and stages 0, and is taken only where they
+# still match.
+GEMV_SPLIT_FACTORS = (0.5, 1, 2)
 
 
 @dataclass(frozen=True)
@@ -68,6 +74,8 @@ def problem_key(problem: Problem, device: DeviceInfo) -> str:
 def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choice:
     """The entry as a Choice; ValueError for an entry this version cannot run as written (a
     table is shared across versions and may have been edited by hand)."""
+    if entry.schedule == GemvSchedule.name:
+        return _gemv_choice_from(entry, problem, device)
     sched = SCHEDULES.get(entry.schedule)
     if sched is None:
         raise ValueError(f"unknown schedule {entry.schedule!r}")
@@ -93,6 +101,31 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
                               f"({table_path()})"
                   + (f"; split_k with {splits} splits" if sched.split_k else ""),
                   entry.raster_group, splits)
+
+
+def _gemv_choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choice:
+    base = heuristics.choose(problem, device, GemvSchedule.name)
+    cfg = base.config
+    if (entry.block_m, entry.block_n) != (cfg.max_rows, cfg.block_n):
+        raise ValueError(f"gemv {entry.block_m!r}x{entry.block_n!r} is not this version's "
+                         f"config for the problem ({cfg.max_rows}x{cfg.block_n})")
+    bound = GemvSchedule.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z))
+    if type(entry.splits) is not int or not 1 <= entry.splits <= bound:
+        raise ValueError(f"splits {entry.splits!r} invalid for gemv here (1..{bound})")
+    return Choice(GemvSchedule, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
+                                     f"({table_path()}); gemv with {entry.splits} K splits",
+                  1, entry.splits)
+
+
+def gemv_candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
+    """gemv at the heuristic's config with GEMV_SPLIT_FACTORS of its split count (and 1),
+    for problems of at most GEMV_MAX_M rows or columns; none otherwise."""
+    if min(problem.m, problem.n) > GEMV_MAX_M:
+        return []
+    base = heuristics.choose(problem, device, GemvSchedule.name)
+    bound = GemvSchedule.max_splits(problem, base.config, min(problem.batch, MAX_GRID_Z))
+    counts = {1} | {min(bound, max(1, round(base.splits * f))) for f in GEMV_SPLIT_FACTORS}
+    return [Choice(GemvSchedule, base.config, "autotune candidate", 1, s) for s in sorted(counts)]
 
 
 class _Table:
@@ -206,11 +239,13 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
                 counts = {min(s, bound) for s in SPLIT_COUNTS if s <= SPLIT_K_MAX_SPLITS}
             for splits in sorted(counts if short else counts - {1}):
                 out.extend(Choice(sched, cfg, "autotune candidate", g, splits) for g in groups)
-    return out
+    return out + gemv_candidates(problem, device)
 
 
 def label(choice: Choice) -> str:
     c = choice.config
+    if choice.schedule is GemvSchedule:
+        return f"gemv {c.tag} k{choice.splits}"
     split = f" k{choice.splits}" if choice.schedule.split_k else ""
     return (f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} "
             f"g{choice.raster_group}{split}")
@@ -286,10 +321,12 @@ def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5
         ranked = row.get("sustained_tflops", tflops)
         best = max(ranked, key=ranked.get)
         choice = timed[best][0]
+        cfg = choice.config
+        gemv = choice.schedule is GemvSchedule   # its rows and width; no stages
         record({problem_key(call.problem, device): TunedEntry(
-            choice.schedule.name, choice.config.block_n, choice.config.stages,
+            choice.schedule.name, cfg.block_n, 0 if gemv else cfg.stages,
             choice.raster_group, round(ranked[best], 1), time.strftime("%Y-%m-%d"),
-            choice.splits, choice.config.block_m)})
+            choice.splits, cfg.max_rows if gemv else cfg.block_m)})
         fastpath.clear()  # remembered launches were built from the old choices
         how = f"alone, of {len(finalists)} finalists" if finalists else "interleaved"
         print(f"[autotune] {m}x{n}x{k} {dtype}: best {best} {ranked[best]:.1f} TFLOP/s ({how}) "

@@ -97,3 +97,29 @@ def clear() -> None:
     """Drops every cached workspace (tests; freeing memory)."""
     with _lock:
         _workspaces.clear()
+        _gemv_scratch.clear()
+
+
+# gemv's split-K scratch (schedules.GemvSchedule): one buffer per (device, stream) whose first
+# GEMV_COUNTERS u32 are counters and the rest fp32 partials. Allocated zeroed (on the stream
+# that uses it); every gemv launch leaves its counters at zero again. Kept apart from the
+# split-K workspace above, whose semaphores and partials other kernels use differently.
+_gemv_scratch: dict = {}
+
+
+def gemv_scratch(device_id: int, stream_ptr: int, nbytes: int) -> int:
+    """Device pointer to the (device, stream)'s gemv scratch of at least `nbytes` bytes; call
+    with that device and stream current."""
+    key = (device_id, stream_ptr,
+           threading.get_ident() if stream_ptr == PER_THREAD_DEFAULT_STREAM else None)
+    buf = _gemv_scratch.get(key)
+    if buf is None or buf.nbytes < nbytes:
+        import cupy
+
+        with _lock:
+            buf = _gemv_scratch.get(key)
+            if buf is None or buf.nbytes < nbytes:
+                size = _grown(0 if buf is None else buf.nbytes, nbytes, MIN_WORKSPACE_BYTES)
+                buf = cupy.zeros(size, dtype=cupy.uint8)
+                _gemv_scratch[key] = buf
+    return buf.data.ptr

@@ -124,12 +124,18 @@ class SimulatedLaunch:
         self.templates = map_templates
         self.grid = grid
         self.pointers = pointers
+        self.function = function
+        if not map_templates:   # gemv: raw pointers and launch._gemv_ints
+            self.gemv_ints = tuple(ints)
+            return
         (self.k, self.z0, self.count, self.a_div, self.a_mod, self.b_div, self.b_mod,
          self.tiles_m, self.tiles_n, self.group) = ints
 
     def launch(self, stream, a_ptr, b_ptr, c_ptr, *extra):
         SimulatedLaunch.launches += 1
         SimulatedLaunch.last = self
+        if not self.templates:
+            return self._gemv(a_ptr, b_ptr, c_ptr, *extra)
         assert len(extra) == self.pointers + len(self.templates) - 3
         if len(self.templates) == 4 and self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:
             return self._split_k_parallel(stream, a_ptr, b_ptr, c_ptr, *extra)
@@ -153,6 +159,42 @@ class SimulatedLaunch:
             am = a[za] if a_k_major else a[za].T          # (m, k)
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
             c[z] = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
+
+    def _gemv(self, a_ptr, b_ptr, c_ptr, scratch_ptr):
+        """The gemv kernel, from its pointers and integers alone (gemv_entry.cu.in): strides
+        in elements along each operand's non-contiguous axis, batch strides in 16-byte units;
+        split launches get a scratch whose counters are zero. A transposed kernel (_ct_ in
+        its name) computes C^T from its operands (B^T and A^T) and stores C."""
+        from hopmm.schedules import GEMV_COUNTERS
+
+        assert self.pointers == 4 and self.cluster == (1, 1, 1)
+        (m, n, k, z0, a_div, a_mod, b_div, b_mod, a_ld, b_ld, c_ld, a_b16, b_b16,
+         c_b16) = self.gemv_ints
+        tiles, splits, count = self.grid
+        name = next(x for x, h in _KERNEL_NAMES.items() if h == self.function)
+        dt = BF16 if "_bf16_" in name else np.dtype(np.float16)
+        if splits > 1:
+            counters = _view(scratch_ptr, (GEMV_COUNTERS, 1, 1), (4 * GEMV_COUNTERS,) * 2,
+                             np.dtype(np.uint32))
+            assert not counters.any(), "counters must be zero when a kernel starts"
+        item = dt.itemsize
+
+        def matrix(ptr, rows, cols, row_stride, col_stride):
+            extent = ((rows - 1) * row_stride + (cols - 1) * col_stride + 1) * item
+            flat = np.frombuffer((ctypes.c_char * extent).from_address(ptr), dtype=dt)
+            return np.lib.stride_tricks.as_strided(flat, (rows, cols),
+                                                   (row_stride * item, col_stride * item))
+
+        for z in range(z0, z0 + count):
+            za, zb = (z // a_div) % a_mod, (z // b_div) % b_mod
+            pa, pb, pc = (a_ptr + za * a_b16 * 16, b_ptr + zb * b_b16 * 16, c_ptr + z * c_b16 * 16)
+            am = matrix(pa, m, k, a_ld, 1) if self.a_k_major else matrix(pa, m, k, 1, a_ld)
+            bm = matrix(pb, k, n, b_ld, 1) if self.b_n_major else matrix(pb, k, n, 1, b_ld)
+            product = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
+            if "_ct_" in name:
+                matrix(pc, n, m, c_ld, 1)[...] = product.T
+            else:
+                matrix(pc, m, n, c_ld, 1)[...] = product
 
     def _partials(self, am, bm, splits):
         """Each split's partial product over its k-blocks (the kernel's partition)."""
@@ -670,18 +712,83 @@ def test_simulated_split_k_parallel(simulated_gpu, case):
 
 
 @pytest.mark.parametrize("m,k,n,batch,transposed", [
-    (1, 4096, 300, 1, False), (5, 700, 1000, 2, False), (16, 2048, 129, 1, True),
-    (30, 1000, 260, 1, False), (64, 3000, 640, 1, True)])
+    (1, 4096, 4096, 1, False), (2, 4096, 4096, 2, False), (8, 4096, 6000, 1, True),
+    (9, 4096, 8000, 3, False), (3, 4096, 4096, 1, True)])
+def test_simulated_few_rows_take_gemv(simulated_gpu, m, k, n, batch, transposed):
+    """The default path for problems of at most GEMV_MAX_M rows: gemv, K split where N alone
+    gives too few CTAs; explain names it."""
+    a = rand((batch, k, m)).transpose(0, 2, 1) if transposed else rand((batch, m, k))
+    for b in (rand((k, n)), rand((n, k)).T):   # N-major and K-major B
+        expect(a, b, hopmm.matmul(a, b))
+        assert not SimulatedLaunch.last.templates and SimulatedLaunch.last.pointers == 4
+        text = hopmm.explain(a, b)
+        assert "schedule: gemv" in text and "predicted" in text
+
+
+GEMV_CASES = {
+    "odd_n_and_k": lambda: (rand((3, 13)), rand((13, 7))),
+    "k_below_a_vector": lambda: (rand((2, 5)), rand((5, 24))),
+    "k_major_b_odd": lambda: (rand((7, 1001)), rand((33, 1001)).T),
+    "m_major_a": lambda: (rand((300, 15)).T, rand((300, 40))),
+    "rows_past_16": lambda: (rand((40, 96)), rand((24, 96)).T),
+    "vector_times_matrix": lambda: (rand((264,)), rand((264, 48))),
+    "batched_broadcast_b": lambda: (rand((4, 2, 64)), rand((64, 72))),
+    "batched_both": lambda: (rand((3, 8, 64)), rand((3, 40, 64)).transpose(0, 2, 1)),
+    "sliced_b": lambda: (rand((4, 96)), rand((96, 200))[:, 8:136]),
+    "fp16": lambda: (rand((8, 128), np.float16), rand((128, 64), np.float16)),
+    "few_columns": lambda: (rand((300, 64)), rand((64, 5))),
+    "few_columns_transposed": lambda: (rand((64, 300)).T, rand((5, 64)).T),
+    "matrix_times_vector": lambda: (rand((2, 100, 72)), rand((72,))),
+}
+
+
+@pytest.mark.parametrize("case", GEMV_CASES, ids=list(GEMV_CASES))
+def test_simulated_forced_gemv(simulated_gpu, case):
+    """use_schedule("gemv"): any shape, through aligned copies where rows are not whole
+    16-byte vectors; repeats (the fast path) read the new operands."""
+    hopmm.use_schedule("gemv")
+    for _ in range(2):
+        a, b = GEMV_CASES[case]()
+        expect(a, b, hopmm.matmul(a, b))
+        assert not SimulatedLaunch.last.templates
+    assert "schedule: gemv" in hopmm.explain(a, b)
+
+
+def test_simulated_gemv_split_k_scratch(simulated_gpu):
+    """A split gemv launch gets its stream's scratch, counters zero (checked by the stand-in)."""
+    a, b = rand((2, 8192)), rand((1024, 8192)).T
+    expect(a, b, hopmm.matmul(a, b))
+    run = SimulatedLaunch.last
+    assert not run.templates and run.grid[1] > 1
+    assert len(workspace._gemv_scratch) == 1
+
+
+@pytest.mark.parametrize("a_transposed", [False, True])
+@pytest.mark.parametrize("m,k,n,batch", [(4096, 4096, 1, 1), (4096, 2048, 8, 2),
+                                         (6000, 4096, 3, 1)])
+def test_simulated_few_columns_take_gemv_transposed(simulated_gpu, m, k, n, batch,
+                                                    a_transposed):
+    """Problems of few columns and many rows: gemv on C^T = B^T A^T, streaming A."""
+    a = rand((batch, k, m)).transpose(0, 2, 1) if a_transposed else rand((batch, m, k))
+    for b in (rand((k, n)), rand((n, k)).T):
+        expect(a, b, hopmm.matmul(a, b))
+        assert not SimulatedLaunch.last.templates
+        assert "C^T = B^T A^T" in hopmm.explain(a, b)
+
+
+@pytest.mark.parametrize("m,k,n,batch,transposed", [
+    (30, 1000, 260, 1, False), (64, 3000, 640, 1, True), (17, 2048, 129, 1, False)])
 def test_simulated_few_rows_take_the_parallel_split_k(simulated_gpu, m, k, n, batch,
                                                       transposed):
-    """The default path for problems of few rows: split_k_parallel's 64-row tiles, K-major A
-    boxes of only the rows the problem has (16 or 32), M-major A in whole tiles."""
+    """The default path for problems of a few more rows than gemv takes: split_k_parallel's
+    64-row tiles, K-major A boxes of only the rows the problem has (32), M-major A in whole
+    tiles."""
     a = rand((batch, k, m)).transpose(0, 2, 1) if transposed else rand((batch, m, k))
     b = rand((k, n))
     expect(a, b, hopmm.matmul(a, b))
     run = SimulatedLaunch.last
     assert run.block_x == 256                 # one consumer warpgroup: 64-row tiles
     a_box = run.templates[0][3]
-    expected = 64 if transposed or m > 32 else (16 if m <= 16 else 32)
+    expected = 64 if transposed or m > 32 else 32
     assert a_box[1] == expected
     assert "schedule: split_k_parallel" in hopmm.explain(a, b)

@@ -7,9 +7,15 @@ from hopmm.problem import Problem
 
 
 def choose(m, n, k, batch=1, dtype="bfloat16", a_major="k", b_major="n", device=H100_SXM,
-           b_pitch_aligned=True, schedule=None):
+           b_pitch_aligned=True, schedule=None, epilogue=False):
     return heuristics.choose(Problem(m, n, k, batch, dtype, a_major, b_major, b_pitch_aligned),
-                             device, schedule)
+                             device, schedule, epilogue)
+
+
+# The few-row tests below ask for split_k_parallel's own choice, as a call with a fused
+# epilogue gets it: without one, problems of at most GEMV_MAX_M rows go to gemv
+# (tests/test_gemv_cpu.py).
+GEMV_ASIDE = dict(epilogue=True)
 
 
 def test_large_problem_takes_wide_tiles_and_fits_smem():
@@ -512,14 +518,14 @@ def test_more_splits_than_a_cluster_holds_run_in_parallel(device):
 @pytest.mark.parametrize("m,rows", [(1, 16), (16, 16), (17, 32), (32, 32), (33, None), (64, None)])
 @pytest.mark.parametrize("device", [H100_SXM, H100_CLUSTERS], ids=["no-capacity", "capacity"])
 def test_few_rows_take_64_row_tiles_loading_only_their_rows(m, rows, device):
-    c = choose(m, 8192, 8192, device=device)
+    c = choose(m, 8192, 8192, device=device, **GEMV_ASIDE)
     assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
     assert c.config.a_rows == rows
     assert -(-8192 // c.config.block_n) * c.splits <= device.sm_count
 
 
 def test_few_rows_of_an_m_major_a_load_whole_tiles():
-    c = choose(8, 8192, 8192, a_major="m")
+    c = choose(8, 8192, 8192, a_major="m", **GEMV_ASIDE)
     assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
     assert c.config.a_rows is None and c.config.trans_a
 
@@ -529,12 +535,12 @@ def test_few_rows_of_an_m_major_a_load_whole_tiles():
 def test_few_rows_split_to_fill_the_sms(m, n, k, splits):
     """v0.17: the counts within 2 % of the fastest measured (1 x 4096 x 4096: 17.6 us on 4
     splits, 20.7 on 1; 64 x 2048 x 32768: 52.9 on 8, 59.8 on 2)."""
-    c = choose(m, n, k)
+    c = choose(m, n, k, **GEMV_ASIDE)
     assert (c.schedule, c.config.block_m, c.splits) == (SplitKParallelSchedule, 64, splits)
 
 
 def test_few_rows_and_many_tiles_run_unsplit_on_64_row_tiles():
-    c = choose(16, 28672, 8192)       # 224 tiles of 64 x 128: more than the SMs
+    c = choose(16, 28672, 8192, **GEMV_ASIDE)       # 224 tiles of 64 x 128: more than the SMs
     assert (c.schedule, c.config.block_m, c.splits) == (SplitKParallelSchedule, 64, 1)
 
 

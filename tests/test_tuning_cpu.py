@@ -147,3 +147,34 @@ def test_sustained_finalists_are_the_fastest_of_large_problems():
         :tuning.SUSTAINED_FINALISTS]
     assert tuning.sustained_finalists(medians, big - 1) == []
     assert tuning.sustained_finalists({"only": 1.0}, big) == []
+
+
+DECODE = Problem(4, 8192, 8192, 1, "bfloat16", "k", "k")
+
+
+def test_decode_candidates_include_gemv_split_counts():
+    from hopmm import heuristics
+    from hopmm.schedules import GemvSchedule
+
+    gemv = [c for c in tuning.candidates(DECODE, H100_SXM) if c.schedule is GemvSchedule]
+    base = heuristics.choose(DECODE, H100_SXM, "gemv")
+    assert {c.splits for c in gemv} >= {1, base.splits, 2 * base.splits}
+    assert all(c.config == base.config for c in gemv)
+    assert len({tuning.label(c) for c in gemv}) == len(gemv)
+    assert not any(c.schedule is GemvSchedule for c in tuning.candidates(PROBLEM, H100_SXM))
+
+
+def test_gemv_entries_round_trip_and_stale_ones_are_ignored(capsys):
+    from hopmm import heuristics
+    from hopmm.schedules import GemvSchedule
+
+    cfg = heuristics.choose(DECODE, H100_SXM, "gemv").config
+    key = tuning.problem_key(DECODE, H100_SXM)
+    tuning.record({key: tuning.TunedEntry("gemv", cfg.block_n, 0, 1, 3.0, "d", splits=3,
+                                          block_m=cfg.max_rows)})
+    choice = tuning.lookup(DECODE, H100_SXM)
+    assert choice.schedule is GemvSchedule and choice.splits == 3 and choice.config == cfg
+    tuning.record({key: tuning.TunedEntry("gemv", cfg.block_n + 1, 0, 1, 3.0, "d", splits=3,
+                                          block_m=cfg.max_rows)})
+    assert tuning.lookup(DECODE, H100_SXM) is None
+    assert "ignoring autotune entry" in capsys.readouterr().err

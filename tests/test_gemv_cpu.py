@@ -1,0 +1,177 @@
+"""CPU: the gemv schedule's kernels render and compile for sm_90a without local memory and
+keep the programmatic-launch rule; its configs and launch geometry; the heuristic's choices
+(decode shapes take gemv, larger M and calls with a fused epilogue do not)."""
+import re
+
+import pytest
+
+from hopmm import compile as compiler
+from hopmm import heuristics, sass
+from hopmm.device import H100_SXM
+from hopmm.problem import Problem
+from hopmm.schedules import (ALL_SCHEDULES, GEMV_COUNTERS, GEMV_MAX_ROWS, SCHEDULES,
+                             GemvConfig, GemvSchedule)
+
+CONFIGS = GemvSchedule.configs()
+# A CTA of 256 threads gets at most this many registers per thread (65536 / 256).
+REGISTER_FILE = 65536
+
+
+@pytest.fixture(scope="module", params=CONFIGS, ids=[c.tag for c in CONFIGS])
+def compiled(request):
+    cfg = request.param
+    return cfg, compiler.compile_kernel(GemvSchedule.render(cfg))
+
+
+def test_compiles_without_spills(compiled):
+    cfg, kernel = compiled
+    r = kernel.report
+    assert r.spill_stores == r.spill_loads == r.stack_frame == 0, kernel.name
+    assert r.problems(GemvSchedule.smem_bytes(cfg), H100_SXM.smem_per_block_optin) == []
+    assert r.registers <= REGISTER_FILE // cfg.threads
+
+
+def test_sass_streams_without_tensor_cores(compiled):
+    """CUDA-core FMAs on 128-bit loads, no local memory, nothing global before
+    griddepcontrol.wait (launches are programmatic), the next kernel let in."""
+    tool = sass.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    _, kernel = compiled
+    listing = sass.disassemble(kernel.cubin_path, tool)
+    s = sass.summarize(kernel.cubin_path, tool)
+    assert s.arch == "sm_90a"
+    assert s.counts["hgmma"] == 0 and s.counts["tma_load"] == 0
+    assert s.counts["local_memory"] == 0
+    # B: 16-byte loads that allocate no L1 line and prefetch 256 B into L2 (ld_stream_v4)
+    assert re.search(r"\bLDG\.E\.NA\.LTC256B\.128\b", listing) and "FFMA" in listing
+    assert s.counts["dependency_wait"] == 1 and s.counts["launch_dependents"] >= 1
+    assert sass.global_access_before_dependency_wait(listing) == []
+
+
+def test_gemv_is_registered_apart_from_the_tile_schedules():
+    assert "gemv" in ALL_SCHEDULES and "gemv" not in SCHEDULES
+    assert ALL_SCHEDULES["gemv"] is GemvSchedule
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(max_rows=3), "max_rows"), (dict(warps=0), "warps"),
+    (dict(trans_b=True, cols=2, unroll=8), "cols"), (dict(trans_b=True, cols=1, unroll=4), "unroll"),
+    (dict(dtype="float32"), "dtype")])
+def test_config_validates(kwargs, match):
+    base = dict(dtype="bfloat16", trans_a=False, trans_b=False, max_rows=4)
+    with pytest.raises(ValueError, match=match):
+        GemvConfig(**{**base, **kwargs})
+
+
+@pytest.mark.parametrize("rows,max_rows", [(1, 1), (2, 2), (3, 4), (7, 8), (9, 16), (16, 16),
+                                           (40, 16)])
+def test_default_rows_step(rows, max_rows):
+    assert GemvConfig.default("bfloat16", False, False, rows).max_rows == max_rows
+
+
+def test_tags_name_every_tunable():
+    cfg = GemvConfig("float16", True, False, 8, warps=4, cols=2, unroll=3)
+    assert GemvSchedule.kernel_name(cfg) == "hopmm_gemv_f16_m8_w4_c2_u3_TT"
+    assert cfg.block_n == 8 and cfg.threads == 128
+    assert GemvConfig("bfloat16", False, True, 1, cols=1, unroll=8).block_n == 256
+    swapped = GemvConfig("bfloat16", False, True, 1, cols=1, unroll=8, trans_c=True)
+    assert GemvSchedule.kernel_name(swapped) == "hopmm_gemv_bf16_m1_w8_c1_u8_ct_NN"
+
+
+def test_grid_and_scratch():
+    p = Problem(20, 1000, 4096, 3, "bfloat16", b_major="k")
+    cfg = GemvConfig.default("bfloat16", False, False, 20)   # 16 rows, 32 columns a CTA
+    assert GemvSchedule.tiles(p, cfg) == (2, 32)
+    assert GemvSchedule.grid(p, cfg, 3, splits=4) == (64, 4, 3)
+    assert GemvSchedule.scratch_bytes(p, cfg, 3, 1) == 0
+    assert GemvSchedule.scratch_bytes(p, cfg, 3, 4) == GEMV_COUNTERS * 4 + 64 * 3 * 4 * 16 * 32 * 4
+    with pytest.raises(ValueError, match="splits"):
+        GemvSchedule.grid(p, cfg, 3, splits=4096 // 8 + 1)
+    # more tiles than counters: unsplit only
+    wide = Problem(1, 8 * 32 * GEMV_COUNTERS, 64, 1, "bfloat16", b_major="k")
+    assert GemvSchedule.max_splits(wide, GemvConfig.default("bfloat16", False, False, 1), 1) == 1
+
+
+# The issue's decode shapes (M x N x K) and the tuning set's.
+DECODE = [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192), (8, 8192, 8192), (16, 8192, 8192),
+          (16, 28672, 8192), (1, 4096, 4096), (4, 14336, 4096)]
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("m,n,k", DECODE, ids=[f"{m}x{n}x{k}" for m, n, k in DECODE])
+def test_decode_shapes_take_gemv(m, n, k, b_major):
+    p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is GemvSchedule and c.config.max_rows >= m
+    assert c.config.trans_b == (b_major == "n")
+    assert "gemv" in c.reason and "predicted" in c.reason
+    # the grid keeps the bytes in flight the model asks for, or splits as far as K allows
+    tiles = GemvSchedule.tiles(p, c.config)
+    ctas = tiles[0] * tiles[1] * c.splits
+    assert (ctas * c.config.inflight_bytes >= H100_SXM.sm_count * heuristics.GEMV_INFLIGHT_PER_SM
+            or c.splits == k // heuristics.GEMV_MIN_SPLIT_K)
+
+
+@pytest.mark.parametrize("m", [17, 64, 128, 4096])
+def test_more_rows_do_not_take_gemv(m):
+    c = heuristics.choose(Problem(m, 8192, 8192, 1, "bfloat16"), H100_SXM)
+    assert c.schedule is not GemvSchedule
+
+
+@pytest.mark.parametrize("a_major,b_major", [("k", "k"), ("k", "n"), ("m", "k"), ("m", "n")])
+@pytest.mark.parametrize("m,n,k", [(8192, 1, 8192), (8192, 8, 8192), (28672, 4, 8192)])
+def test_few_columns_take_gemv_transposed(m, n, k, a_major, b_major):
+    """C^T = B^T A^T: the kernel's rows are the problem's columns, its A is B^T (K-major where
+    B is), its B is A^T (K-major where A is)."""
+    p = Problem(m, n, k, 1, "bfloat16", a_major, b_major)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is GemvSchedule and c.config.trans_c and "C^T = B^T A^T" in c.reason
+    kp = GemvSchedule.kernel_problem(p, c.config)
+    assert (kp.m, kp.n, kp.k) == (n, m, k)
+    assert kp.trans_a == (b_major == "n") and kp.trans_b == (a_major == "m")
+    assert (c.config.trans_a, c.config.trans_b) == (kp.trans_a, kp.trans_b)
+    assert GemvSchedule.tiles(p, c.config)[0] == 1
+
+
+def test_many_columns_and_rows_do_not_transpose():
+    assert heuristics.choose(Problem(8192, 17, 8192, 1, "bfloat16"),
+                             H100_SXM).schedule is not GemvSchedule
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 8192, 8192), (16, 28672, 8192)])
+def test_epilogue_calls_never_take_gemv(m, n, k):
+    p = Problem(m, n, k, 1, "bfloat16", b_major="k")
+    assert heuristics.choose(p, H100_SXM, epilogue=True).schedule is not GemvSchedule
+    with pytest.raises(ValueError, match="epilogue"):
+        heuristics.choose(p, H100_SXM, "gemv", epilogue=True)
+
+
+def test_forced_gemv_takes_any_rows():
+    p = Problem(100, 300, 70, 2, "float16", b_major="k")
+    c = heuristics.choose(p, H100_SXM, "gemv")
+    assert c.schedule is GemvSchedule and c.config.max_rows == 16 and "forced" in c.reason
+    assert GemvSchedule.grid(p, c.config, 2, splits=c.splits)[0] == 7 * 10
+    # M-major A with N-major B takes groups of 8 rows (GEMV_TN_MAX_ROWS)
+    tn = heuristics.choose(Problem(100, 300, 70, 2, "float16", a_major="m"), H100_SXM, "gemv")
+    assert tn.config.max_rows == 8 and tn.config.trans_a and tn.config.trans_b
+
+
+def test_model_terms():
+    est = heuristics.gemv_estimate_us
+    cfg = GemvConfig.default("bfloat16", False, False, 1)
+    p = Problem(1, 8192, 8192, 1, "bfloat16", b_major="k")
+    floor = 8192 * 8192 * 2 / (heuristics.GEMV_DRAM_TBPS * 1e6)
+    assert est(p, cfg, 1, H100_SXM) == pytest.approx(floor + heuristics.GEMV_LAUNCH_US, rel=0.01)
+    # splitting adds its hand-off; too few CTAs lose bandwidth
+    assert est(p, cfg, 2, H100_SXM) > est(p, cfg, 1, H100_SXM)
+    few = Problem(1, 256, 8192, 1, "bfloat16", b_major="k")
+    assert est(few, cfg, 1, H100_SXM) > 2 * est(few, cfg, 8, H100_SXM) - heuristics.GEMV_LAUNCH_US
+    # rows past max_rows read B again (and do the FMAs again)
+    big = GemvConfig.default("bfloat16", False, False, 16)
+    assert est(Problem(32, 8192, 8192, 1, "bfloat16", b_major="k"), big, 2, H100_SXM) > \
+        1.8 * est(Problem(16, 8192, 8192, 1, "bfloat16", b_major="k"), big, 2, H100_SXM)
+
+
+def test_max_rows_steps_cover_the_heuristic_limit():
+    assert GEMV_MAX_ROWS[-1] >= heuristics.GEMV_MAX_M

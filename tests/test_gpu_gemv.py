@@ -1,0 +1,271 @@
+"""GPU tier, gemv (the memory-streaming schedule for outputs of few rows): against cupy.matmul
+into NaN-poisoned outputs over its edge shapes (1-16 rows and past 16, N and K odd and not
+multiples of the 8-element vector, K below one vector), both B layouts, M-major A, sliced and
+transposed views, batches and broadcasts, explicit K splits; bitwise repeatable run to run;
+the split-K counters back at zero after every kernel. Skips without a Hopper GPU."""
+import dataclasses
+
+import pytest
+
+from conftest import requires_hopper
+
+pytestmark = requires_hopper
+
+TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+
+
+@pytest.fixture(autouse=True)
+def _gemv(monkeypatch):
+    """Every call runs on gemv (use_schedule), never on cupy.matmul (HOPMM_STRICT)."""
+    import hopmm
+
+    monkeypatch.setenv("HOPMM_STRICT", "1")
+    hopmm.use_schedule("gemv")
+    yield
+    hopmm.use_schedule(None)
+
+
+def rand(shape, dtype):
+    import cupy
+
+    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
+
+
+def rel_err(got, a, b):
+    import cupy
+
+    r = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    got = got.astype(cupy.float32)
+    assert got.shape == r.shape
+    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) output elements"
+    return float(cupy.linalg.norm(got - r) / max(float(cupy.linalg.norm(r)), 1e-30))
+
+
+def poisoned_matmul(a, b):
+    """hopmm.matmul(a, b) into a NaN-filled out."""
+    import cupy
+
+    import hopmm
+    from hopmm import layout
+
+    out = cupy.full(layout.matmul_shapes(a.shape, b.shape).out_shape, cupy.nan, dtype=a.dtype)
+    assert hopmm.matmul(a, b, out=out) is out
+    return out
+
+
+def counters_zero() -> bool:
+    """Every gemv scratch's counters are zero (each launch resets those it used)."""
+    import cupy
+
+    from hopmm import workspace
+    from hopmm.schedules import GEMV_COUNTERS
+
+    cupy.cuda.Device().synchronize()
+    return all(not bool(buf[:4 * GEMV_COUNTERS].view(cupy.uint32).any())
+               for buf in workspace._gemv_scratch.values())
+
+
+def run_gemv(a, b, splits=None, **config):
+    """C = A @ B on gemv with exactly `splits` K splits (None: the heuristic's) and config
+    fields replaced by `config`, into a poisoned result. Returns (C, the choice)."""
+    import cupy
+
+    from hopmm import api, heuristics, launch, layout
+    from hopmm.device import query
+
+    shapes = layout.matmul_shapes(a.shape, b.shape)
+    call = api._kernel_call(a, b, shapes)
+    dev = query(cupy.cuda.Device().id)
+    choice = heuristics.choose(call.problem, dev, "gemv")
+    choice = dataclasses.replace(choice, config=dataclasses.replace(choice.config, **config),
+                                 splits=splits or choice.splits)
+    s = shapes
+    c3 = cupy.full((s.batch, s.m, layout.padded(s.n, a.itemsize)), cupy.nan,
+                   dtype=a.dtype)[:, :, :s.n]
+    launches = launch.build_launches(choice, call.problem, call.a3, call.a_map, call.b3,
+                                     call.b_map, c3)
+    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
+    return c3.reshape(s.out_shape), choice
+
+
+ROWS = [1, 2, 3, 7, 8, 15, 16]
+# (N, K): odd N and K, neither a multiple of 8; K below one vector; long K; N below one vector.
+SIZES = [(1000, 4096), (257, 1001), (24, 5), (4104, 777), (7, 300)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("n,k", SIZES, ids=[f"n{n}_k{k}" for n, k in SIZES])
+@pytest.mark.parametrize("m", ROWS)
+def test_gemv_matches_cupy(m, n, k, b_major, dtype):
+    a = rand((m, k), dtype)
+    b = rand((k, n), dtype) if b_major == "n" else rand((n, k), dtype).T
+    c = poisoned_matmul(a, b)
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("m,n,k", [(1, 4096, 4096), (5, 1000, 4097), (16, 300, 2000),
+                                   (3, 40, 130)])
+@pytest.mark.parametrize("splits", [1, 2, 3, 7, 16])
+def test_explicit_splits(m, n, k, b_major, splits):
+    """K split across CTAs into uneven slices (K not a multiple of the splits), reduced by
+    each tile's last CTA; counters back at zero."""
+    dtype = "bfloat16"
+    a = rand((m, k), dtype)
+    b = rand((k, n), dtype) if b_major == "n" else rand((n, k), dtype).T
+    c, choice = run_gemv(a, b, splits)
+    assert choice.splits == splits and choice.schedule.name == "gemv"
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("splits", [1, 5])
+def test_bitwise_repeatable(b_major, splits):
+    """The same operands give the same bits on every run, split or not (the split partials
+    are added in split order whichever CTA arrives last)."""
+    import cupy
+
+    dtype = "bfloat16"
+    a = rand((4, 6000), dtype)
+    b = rand((6000, 3000), dtype) if b_major == "n" else rand((3000, 6000), dtype).T
+    first, _ = run_gemv(a, b, splits)
+    bits = first.view(cupy.uint16).copy()
+    for _ in range(5):
+        again, _ = run_gemv(a, b, splits)
+        assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("config", [dict(warps=4), dict(cols=2), dict(cols=8, unroll=1),
+                                    dict(unroll=4), dict(max_rows=16)])
+def test_tunables_k_major(config):
+    """Other warps / columns / unroll / row steps of K-major B (bench/gemv_tune.py's sweep);
+    K = 2056: B's rows are whole vectors (read in place, K-major), 257 of them per column."""
+    a, b = rand((3, 2056), "float16"), rand((517, 2056), "float16").T
+    c, choice = run_gemv(a, b, 3, **config)
+    assert not choice.config.trans_b
+    assert rel_err(c, a, b) < TOL["float16"]
+
+
+@pytest.mark.parametrize("config", [dict(warps=4), dict(unroll=16), dict(warps=16),
+                                    dict(max_rows=8)])
+def test_tunables_n_major(config):
+    a, b = rand((3, 2049), "float16"), rand((2049, 517), "float16")
+    c, _ = run_gemv(a, b, 3, **config)
+    assert rel_err(c, a, b) < TOL["float16"]
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("m", [1, 8, 16])
+def test_m_major_a(m, b_major):
+    """A transposed view (contiguous along M), read element by element."""
+    dtype = "bfloat16"
+    a = rand((1500, m), dtype).T
+    b = rand((1500, 700), dtype) if b_major == "n" else rand((700, 1500), dtype).T
+    assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+
+
+@pytest.mark.parametrize("m", [17, 40])
+def test_rows_past_sixteen_take_row_groups(m):
+    dtype = "bfloat16"
+    for b in (rand((640, 900), "bfloat16"), rand((900, 640), "bfloat16").T):
+        a = rand((m, 640), dtype)
+        assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+
+
+FEW_COLUMNS = [(1001, 1, 777), (4096, 3, 4096), (300, 8, 5), (2000, 16, 1030)]
+
+
+@pytest.mark.parametrize("layouts", ["kk", "kn", "mk", "mn"])
+@pytest.mark.parametrize("m,n,k", FEW_COLUMNS, ids=[f"{m}x{n}x{k}" for m, n, k in FEW_COLUMNS])
+def test_few_columns_run_transposed(m, n, k, layouts):
+    """More rows than columns: the kernel computes C^T = B^T A^T, streaming A, and stores C
+    transposed (A: K- or M-major; B: K- or N-major)."""
+    dtype = "bfloat16"
+    a = rand((m, k), dtype) if layouts[0] == "k" else rand((k, m), dtype).T
+    b = rand((n, k), dtype).T if layouts[1] == "k" else rand((k, n), dtype)
+    c, choice = run_gemv(a, b)
+    assert choice.config.trans_c
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+    c, _ = run_gemv(a, b, min(3, -(-k // 8)))   # at most a split per 8-element vector of K
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert counters_zero()
+
+
+def test_matrix_times_vector_default_path():
+    """Unforced, a matrix times a vector runs on the transposed gemv."""
+    import hopmm
+
+    hopmm.use_schedule(None)
+    a, v = rand((8192, 8192), "bfloat16"), rand((8192,), "bfloat16")
+    assert "C^T = B^T A^T" in hopmm.explain(a, v)
+    got = hopmm.matmul(a, v)
+    assert got.shape == (8192,)
+    assert rel_err(got[:, None], a, v[:, None]) < TOL["bfloat16"]
+
+
+def test_sliced_views_and_vectors():
+    import hopmm
+
+    dtype = "float16"
+    a = rand((40, 2100), dtype)[10:14, 8:2008]     # 4200-byte row pitch: an aligned copy
+    b = rand((2000, 2, 96), dtype)[:, 1, :]        # every other row of 96: read in place
+    assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+    w = rand((3000, 2048), dtype)[100:2100, :2000]  # a sliced torch-style weight, used as w.T
+    assert rel_err(poisoned_matmul(a, w.T), a, w.T) < TOL[dtype]
+    v = rand((2000,), dtype)                        # vector @ matrix: one row
+    got = hopmm.matmul(v, b)
+    assert got.shape == (96,)
+    assert rel_err(got[None, :], v[None, :], b) < TOL[dtype]
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+def test_batches(b_major):
+    """Batched A with B broadcast (a decode step of several sequences), batched both, and a
+    batch broadcast over inner and outer dimensions."""
+    dtype = "bfloat16"
+    b = rand((1024, 3000), dtype) if b_major == "n" else rand((3000, 1024), dtype).T
+    a = rand((5, 2, 1024), dtype)
+    assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+    bb = rand((5, 1024, 300), dtype) if b_major == "n" else \
+        rand((5, 300, 1024), dtype).transpose(0, 2, 1)
+    assert rel_err(poisoned_matmul(a, bb), a, bb) < TOL[dtype]
+    a4 = rand((2, 1, 3, 1024), dtype)
+    b4 = rand((1, 3, 1024, 72), dtype)
+    assert rel_err(poisoned_matmul(a4, b4), a4, b4) < TOL[dtype]
+    assert counters_zero()
+
+
+def test_repeat_calls_take_the_fast_path_on_new_operands():
+    """The remembered launches (fastpath.Recipe) read each call's own operands."""
+    import hopmm
+    from hopmm import fastpath
+
+    fastpath.clear()
+    for _ in range(3):
+        a, b = rand((2, 4096), "bfloat16"), rand((1000, 4096), "bfloat16").T
+        assert rel_err(hopmm.matmul(a, b), a, b) < TOL["bfloat16"]
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("m", [1, 4, 16])
+def test_decode_default_path(m, b_major):
+    """Unforced, the heuristic takes gemv on the issue's decode shapes; the result is right."""
+    import cupy
+
+    import hopmm
+
+    hopmm.use_schedule(None)
+    dtype = "bfloat16"
+    a = rand((m, 8192), dtype)
+    b = rand((8192, 8192), dtype) if b_major == "n" else rand((8192, 8192), dtype).T
+    assert "schedule: gemv" in hopmm.explain(a, b)
+    out = cupy.full((m, 8192), cupy.nan, dtype=dtype)
+    hopmm.matmul(a, b, out=out)
+    assert rel_err(out, a, b) < TOL[dtype]
+    assert counters_zero()
