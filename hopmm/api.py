@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import device as device_mod
+from . import epilogue as epilogue_mod
 from . import fastpath, heuristics, launch, layout, tuning
 from .problem import KERNEL_DTYPES, LINE_BYTES, Problem
 
@@ -29,6 +30,8 @@ class Plan:
     reason: str
     shapes: layout.MatmulShapes
     dtype: object
+    # The call's fused epilogue (validated keywords), or None for a plain product.
+    epilogue: epilogue_mod.FusedEpilogue | None = None
 
 
 @dataclass
@@ -82,8 +85,28 @@ def _check_types(a, b, out) -> None:
         raise ValueError(f"hopmm.matmul: operands are on different devices {sorted(devices)}")
 
 
-def plan(a, b, out=None) -> Plan:
-    """Validates a call as cupy.matmul would and decides how it runs (no GPU work)."""
+def _is_plain(bias, activation, alpha, beta, c) -> bool:
+    """Whether a call uses none of the epilogue keywords (cupy.matmul's semantics)."""
+    return (bias is None and c is None and activation is None and alpha == 1.0
+            and beta == 0.0 and isinstance(alpha, (int, float)) and isinstance(beta, (int, float)))
+
+
+def plan(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None) -> Plan:
+    """Validates a call as cupy.matmul would, and its epilogue keywords, and decides how it
+    runs (no GPU work)."""
+    p = _plan(a, b, out)
+    if _is_plain(bias, activation, alpha, beta, c):
+        return p
+    p.epilogue = epilogue_mod.resolve(p.shapes, p.dtype, a.device.id, bias=bias,
+                                      activation=activation, alpha=alpha, beta=beta, c=c)
+    if p.path == "kernel":
+        reason = p.epilogue.kernel_reason()
+        if reason:
+            p.path, p.reason = "cupy.matmul", reason
+    return p
+
+
+def _plan(a, b, out) -> Plan:
     import cupy
     import numpy
 
@@ -182,8 +205,16 @@ def _operand3d(x2, batch_shape: tuple):
     return x[index].reshape(mapping.mod, r, c), mapping
 
 
-def matmul(a, b, out=None):
-    """Matrix product with the semantics of cupy.matmul (and numpy.matmul)."""
+def matmul(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None):
+    """Matrix product with the semantics of cupy.matmul (and numpy.matmul); with the
+    keywords, `activation(alpha * (a @ b) + beta * c + bias)` computed in fp32 (float64 for
+    float64 operands) and rounded once: `bias` of shape (N,) or (M, 1), `c` broadcastable to
+    the result (`out` may be `c` itself; with beta = 0, c is not read), `activation` one of
+    None, "relu", "gelu" (erf), "gelu_tanh", "silu", "sigmoid". Nothing is written to `out`
+    when a call raises."""
+    if not _is_plain(bias, activation, alpha, beta, c):
+        return _fused_matmul(a, b, out, bias=bias, activation=activation, alpha=alpha,
+                             beta=beta, c=c)
     result, k = fastpath.repeat(a, b, out)
     if result is not None:
         return result
@@ -204,7 +235,51 @@ def matmul(a, b, out=None):
     return result
 
 
-def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
+def _fused_matmul(a, b, out, **keywords):
+    """matmul with epilogue keywords: a repeat of an earlier call through its remembered
+    launches, else validated in full (nothing launched before every check has passed), then
+    run on hopmm's kernels or computed with CuPy in fp32."""
+    import cupy
+
+    result, k = fastpath.repeat_fused(a, b, out, keywords)
+    if result is not None:
+        return result
+    p = plan(a, b, out, **keywords)
+    ep = p.epilogue
+    if ep.spec == epilogue_mod.PLAIN and ep.alpha == 1.0:  # c with beta = 0 only
+        return matmul(a, b, out)
+    if p.path == "cupy.matmul" and os.environ.get(STRICT_ENV, "") not in ("", "0"):
+        raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "
+                            f"(unset {STRICT_ENV} to allow it)")
+    if p.path != "kernel":
+        return _fused_cupy(p, a, b, out)
+    with a.device:
+        result = out if out is not None else cupy.empty(p.shapes.out_shape, dtype=p.dtype)
+        _run_kernel(p, a, b, result, out is not None, k)
+    return result
+
+
+def _fused_cupy(p: Plan, a, b, out):
+    """The epilogue on CuPy's product of fp32 (float64 for float64) copies of the operands,
+    then one cast: the path of every call hopmm's kernels do not take."""
+    import cupy
+
+    s, ep = p.shapes, p.epilogue
+    compute = cupy.float64 if p.dtype == cupy.float64 else cupy.float32
+    with a.device:
+        acc = cupy.matmul(a.astype(compute, copy=False), b.astype(compute, copy=False))
+        acc = acc.reshape(s.batch_shape + (s.m, s.n))  # vectors' missing axes of one back
+        y = epilogue_mod.reference(cupy, acc, bias=ep.bias, activation=ep.spec.activation,
+                                   alpha=ep.alpha, beta=ep.beta,
+                                   c=None if ep.c is None else ep.c3)
+        y = y.reshape(s.out_shape)
+        if out is None:
+            return y.astype(p.dtype)
+        out[...] = y
+        return out
+
+
+def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None) -> KernelCall:
     """Batch views and TMA-readable operands (aligned copies where needed); the problem and
     the schedule are decided on the operands exactly as the kernel will read them."""
     a_view, a_map = _operand3d(_as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
@@ -222,6 +297,8 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
     # heuristic.
     choice = ((None if _schedule_override else tuning.lookup(problem, dev))
               or heuristics.choose(problem, dev, _schedule_override))
+    if spec is not None:  # the epilogue does not change the choice, only the kernel's chain
+        choice = replace(choice, config=replace(choice.config, epilogue=spec))
     # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
     # could not be a view, an aligned buffer) has its own.
     copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
@@ -232,8 +309,18 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
 def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     s = p.shapes
     chosen_at = fastpath.generation
-    call = _kernel_call(a, b, s)
+    ep = p.epilogue
+    call = _kernel_call(a, b, s, None if ep is None else ep.spec)
     overlapping = user_out and (_overlap(result, a) or _overlap(result, b))
+    epilogue_ptrs = ()
+    repeatable = True
+    if ep is not None:
+        # Each CTA reads the bias and c elements of its own tile before storing it, so out may
+        # be c itself; out overlapping them otherwise is read from a copy made first.
+        repeatable = not (user_out and ep.overlaps(result))
+        ep = ep.readable(result if user_out else None)
+        repeatable = repeatable and not ep.c_copied
+        epilogue_ptrs = ep.pointers()
     direct = (result.flags.c_contiguous
               and layout.store_ok((s.m, s.n), (s.n * result.itemsize, result.itemsize),
                                   result.itemsize, result.data.ptr)
@@ -244,8 +331,9 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
         c3 = launch.padded_empty(*c_buffer, result.dtype)
     launches = launch.build_launches(call.choice, call.problem, call.a3, call.a_map, call.b3,
-                                     call.b_map, c3)
-    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
+                                     call.b_map, c3, ep)
+    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr,
+                      *epilogue_ptrs)
     if not direct:
         launch.copy_rows(result, c3.reshape(s.out_shape))
     # Remember the launches when a later call can repeat them on its own base addresses:
@@ -257,10 +345,11 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
               for name, x, x3, is_vector, axis in (("a", a, call.a3, s.a_is_vector, 0),
                                                    ("b", b, call.b3, s.b_is_vector, 1))
               if name in call.copies}
-    if recipe_key is not None and not overlapping and None not in copies.values():
+    if (recipe_key is not None and not overlapping and repeatable
+            and None not in copies.values()):
         fastpath.remember(recipe_key, fastpath.make_recipe(
             s.out_shape, result.dtype, launches, a, b, result if user_out else None,
-            copies.get("a"), copies.get("b"), c_buffer), chosen_at)
+            copies.get("a"), copies.get("b"), c_buffer, fused=ep is not None), chosen_at)
 
 
 def _overlap(x, y) -> bool:
@@ -270,16 +359,30 @@ def _overlap(x, y) -> bool:
                            layout.byte_bounds(y.data.ptr, y.shape, y.strides, y.itemsize))
 
 
-def explain(a, b, out=None) -> str:
-    """Which path `matmul(a, b, out)` takes, with which schedule and config, and why."""
-    p = plan(a, b, out)
+def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
+            c=None) -> str:
+    """Which path `matmul(a, b, out, ...)` takes, with which schedule and config, and
+    why; with epilogue keywords also the fused chain and where it runs."""
+    p = plan(a, b, out, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
     s = p.shapes
     lines = [f"path: {p.path}", f"why: {p.reason}",
              f"shape: batch {s.batch_shape} x ({s.m} x {s.k}) @ ({s.k} x {s.n}) -> "
              f"{s.out_shape} {p.dtype}"]
+    ep = p.epilogue
+    if ep is not None:
+        where = ("fused into the kernel: applied in fp32 to the accumulators before the one "
+                 "rounding" if p.path == "kernel" else
+                 "computed with CuPy on an fp32 product (float64 for float64), then one cast")
+        operands = ", ".join(
+            [f"alpha = {ep.alpha}"] + ([f"beta = {ep.beta}"] if ep.c is not None else [])
+            + ([f"bias {tuple(ep.bias.shape)}"] if ep.bias is not None else [])
+            + ([f"c {tuple(ep.c.shape)}" + ("" if ep.c_in_place else
+                                              ", read from a contiguous copy")]
+               if ep.c is not None else []))
+        lines.append(f"epilogue: {ep.spec.describe()} ({operands}); {where}")
     if p.path == "kernel":
         with a.device:
-            call = _kernel_call(a, b, p.shapes)
+            call = _kernel_call(a, b, p.shapes, None if ep is None else ep.spec)
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
         grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count,
