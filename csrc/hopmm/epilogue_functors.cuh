@@ -39,13 +39,33 @@ struct EpilogueChain {
     // One 16-bit element of bias or c (the operands' dtype), as fp32; read through the
     // read-only cache, since neighbouring threads and tiles read the same bias lines.
     __device__ __forceinline__ static float load(const void* base, long long index) {
-        const unsigned short bits =
-            __ldg(reinterpret_cast<const unsigned short*>(base) + index);
-        const u32 widened = static_cast<u32>(bits);
-        if (Cfg::kBf16) return __uint_as_float(widened << 16);
+        return widen(__ldg(reinterpret_cast<const unsigned short*>(base) + index));
+    }
+
+    // A 16-bit element's bits as fp32 (exact).
+    __device__ __forceinline__ static float widen(unsigned short bits) {
+        if (Cfg::kBf16) return __uint_as_float(static_cast<u32>(bits) << 16);
         float value;
         asm("{ .reg .f16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(value) : "h"(bits));
         return value;
+    }
+
+    // Elements `index` and `index + col_stride` (two adjacent output columns): one 32-bit
+    // load where they are adjacent and 4-byte aligned, one load for a row bias (stride 0).
+    // The caller guarantees both lie inside the output.
+    __device__ __forceinline__ static float2 load2(const void* base, long long index,
+                                                   int col_stride) {
+        const unsigned short* p = reinterpret_cast<const unsigned short*>(base) + index;
+        if (col_stride == 0) {
+            const float v = load(base, index);
+            return make_float2(v, v);
+        }
+        if (col_stride == 1 && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {
+            const u32 bits = __ldg(reinterpret_cast<const u32*>(p));
+            return make_float2(widen(static_cast<unsigned short>(bits & 0xffff)),
+                               widen(static_cast<unsigned short>(bits >> 16)));
+        }
+        return make_float2(load(base, index), load(base, index + col_stride));
     }
 
     __device__ __forceinline__ static float activate(float x) {
@@ -91,15 +111,44 @@ struct EpilogueChain {
         }
     }
 
+    // Two adjacent columns col, col + 1 of one row (an accumulator register pair): bias and
+    // c read by pairs (load2) where both columns lie inside the output, else one by one.
+    __device__ __forceinline__ static void apply2(const EpilogueArgs& e, float& x, float& y,
+                                                  int row, int col, int z) {
+        if constexpr (kEnabled) {
+            if (!(row < e.m && col + 1 < e.n)) {  // an edge: each element on its own
+                x = apply(e, x, row, col, z);
+                y = apply(e, y, row, col + 1, z);
+                return;
+            }
+            float vx = e.alpha * x, vy = e.alpha * y;
+            if constexpr (Cfg::kHasC) {
+                const float2 c = load2(e.c,
+                                       static_cast<long long>(z) * e.c_batch_stride +
+                                           static_cast<long long>(row) * e.c_row_stride +
+                                           static_cast<long long>(col) * e.c_col_stride,
+                                       e.c_col_stride);
+                vx = fmaf(e.beta, c.x, vx);
+                vy = fmaf(e.beta, c.y, vy);
+            }
+            if constexpr (Cfg::kHasBias) {
+                const float2 b = load2(e.bias,
+                                       static_cast<long long>(row) * e.bias_row_stride +
+                                           static_cast<long long>(col) * e.bias_col_stride,
+                                       e.bias_col_stride);
+                vx += b.x;
+                vy += b.y;
+            }
+            x = activate(vx);
+            y = activate(vy);
+        }
+    }
+
     // Four consecutive columns col .. col + 3 of one row (the split-K reductions' chunks).
     __device__ __forceinline__ static void apply4(const EpilogueArgs& e, float4& v, int row,
                                                   int col, int z) {
-        if constexpr (kEnabled) {
-            v.x = apply(e, v.x, row, col, z);
-            v.y = apply(e, v.y, row, col + 1, z);
-            v.z = apply(e, v.z, row, col + 2, z);
-            v.w = apply(e, v.w, row, col + 3, z);
-        }
+        apply2(e, v.x, v.y, row, col, z);
+        apply2(e, v.z, v.w, row, col + 2, z);
     }
 };
 

@@ -27,6 +27,18 @@ struct TmaStoreEpilogue {
         return Cfg::kBf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
     }
 
+    // The packed pair of accumulator registers (i, i + 1), i even (adjacent columns of one
+    // row), through the fused epilogue chain.
+    template <int NREG>
+    __device__ __forceinline__ static u32 pair(const float (&acc)[NREG], int i,
+                                               const EpilogueArgs& epilogue, int frag_row,
+                                               int frag_col, int z) {
+        float x = acc[i], y = acc[i + 1];
+        EpilogueChain<Cfg>::apply2(epilogue, x, y, frag_row + 8 * ((i / 2) % 2),
+                                   frag_col + 8 * (i / 4), z);
+        return pack(x, y);
+    }
+
     // Writes columns 64 * BOX ... 64 * BOX + 63 of the warpgroup's 64-row accumulator block to
     // the staging box at `box_addr`, in the layout of a SWIZZLE_128B box of 64 columns x 64
     // rows. Accumulator register i of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2),
@@ -45,10 +57,6 @@ struct TmaStoreEpilogue {
         // Register i of this thread: row row0 + frag_row + 8 * ((i / 2) % 2), column
         // n0 + 8 * (i / 4) + frag_col + i % 2 (the layout above).
         const int frag_row = row0 + 16 * warp + lane / 4, frag_col = n0 + 2 * (lane % 4);
-        auto value = [&](int i) {
-            return EpilogueChain<Cfg>::apply(epilogue, acc[i], frag_row + 8 * ((i / 2) % 2),
-                                             frag_col + 8 * (i / 4) + i % 2, z);
-        };
         const int matrix = lane / 8;  // which of the four 8x8 blocks this lane addresses
         const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
         const int chunk_of_pair = matrix / 2;  // the lane's group of the pair (j, j + 1)
@@ -57,10 +65,10 @@ struct TmaStoreEpilogue {
             const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
             const int chunk = g + chunk_of_pair;    // 16-byte chunk of the box row
             const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
-            stmatrix_x4(addr, pack(value(4 * j), value(4 * j + 1)),
-                        pack(value(4 * j + 2), value(4 * j + 3)),
-                        pack(value(4 * j + 4), value(4 * j + 5)),
-                        pack(value(4 * j + 6), value(4 * j + 7)));
+            stmatrix_x4(addr, pair(acc, 4 * j, epilogue, frag_row, frag_col, z),
+                        pair(acc, 4 * j + 2, epilogue, frag_row, frag_col, z),
+                        pair(acc, 4 * j + 4, epilogue, frag_row, frag_col, z),
+                        pair(acc, 4 * j + 6, epilogue, frag_row, frag_col, z));
         }
     }
 
