@@ -240,3 +240,25 @@ def test_other_dtypes_compute_the_chain_with_cupy(simulated_gpu):
     assert np.allclose(np.asarray(out), ref, rtol=1e-5, atol=1e-5)
     assert SimulatedLaunch.launches == 0
     assert "computed with CuPy" in hopmm.explain(a, b, bias=bias, activation="silu")
+
+
+def test_fused_bench_table_and_arguments():
+    """bench/fused.py's pure parts: the table gives each baseline's time over hopmm's and marks
+    a wrong result; the defaults time both dtypes at the issue's shapes."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "bench" / "fused.py"
+    spec = importlib.util.spec_from_file_location("fused_bench", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [{"case": "bias+relu", "shape": "4096x4096x4096", "dtype": "bf16", "hopmm_us": 200.0,
+             "rel_err": 1e-3, "ok": True, "torch relu(addmm)": 250.0},
+            {"case": "bias+gelu", "shape": "4096x4096x4096", "dtype": "fp16", "hopmm_us": 100.0,
+             "rel_err": 1.0, "ok": False, "cupy matmul+ew": 150.0}]
+    table = module.format_table(rows).splitlines()
+    assert table[2].endswith("| torch relu(addmm) | 250.0 | 1.25x |")
+    assert "WRONG" in table[3] and table[3].endswith("| 1.50x |")
+    args = module.parse_args([])
+    assert args.dtypes == ["bf16", "fp16"] and not args.quick
+    assert (4096, 14336, 4096) in module.BIAS_SHAPES and (8192, 8192, 1024) in module.C_SHAPES
