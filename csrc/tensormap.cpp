@@ -316,7 +316,9 @@ class KernelLaunch {
   public:
     static constexpr size_t kMaxMaps = 4;
     static constexpr size_t kMaxPointers = 4;
-    static constexpr size_t kMaxInts = 16;
+    // The raster's 10 integers and a fused epilogue's 9 (extents, strides, alpha and beta
+    // as fp32 bits), with room to spare.
+    static constexpr size_t kMaxInts = 24;
     static constexpr std::array<uint32_t, 3> kNoCluster{1, 1, 1};
 
     KernelLaunch(uint64_t function, const py::sequence& grid, uint32_t block_x,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 
 from . import device as device_mod
+from . import epilogue as epilogue_mod
 from . import fastpath, heuristics, interop, launch, layout, operands, tuning, validation
 from .problem import KERNEL_DTYPES
 
@@ -29,6 +30,8 @@ class Plan:
     reason: str
     shapes: layout.MatmulShapes
     dtype: object
+    # The call's fused epilogue (validated keywords), or None for a plain product.
+    epilogue: epilogue_mod.FusedEpilogue | None = None
 
 
 @dataclass
@@ -59,9 +62,29 @@ def _check_devices(a, b, out) -> None:
         raise ValueError(f"hopmm.matmul: operands are on different devices {sorted(devices)}")
 
 
+def _is_plain(bias, activation, alpha, beta, c) -> bool:
+    """Whether a call uses none of the epilogue keywords (cupy.matmul's semantics)."""
+    return (bias is None and c is None and activation is None and alpha == 1.0
+            and beta == 0.0 and isinstance(alpha, (int, float)) and isinstance(beta, (int, float)))
+
+
 @interop.accepts_torch
-def plan(a, b, out=None) -> Plan:
-    """Validates a call as cupy.matmul would and decides how it runs (no GPU work)."""
+def plan(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None) -> Plan:
+    """Validates a call as cupy.matmul would, and its epilogue keywords, and decides how it
+    runs (no GPU work)."""
+    p = _plan(a, b, out)
+    if _is_plain(bias, activation, alpha, beta, c):
+        return p
+    p.epilogue = epilogue_mod.resolve(p.shapes, p.dtype, a.device.id, bias=bias,
+                                      activation=activation, alpha=alpha, beta=beta, c=c)
+    if p.path == "kernel":
+        reason = p.epilogue.kernel_reason()
+        if reason:
+            p.path, p.reason = "cupy.matmul", reason
+    return p
+
+
+def _plan(a, b, out) -> Plan:
     checked = validation.check(a, b, out)
     shapes, dtype = checked.shapes, checked.dtype
     _check_devices(a, b, out)
@@ -132,9 +155,26 @@ _batch_view = operands.batch_view
 _as_matrix_stack = operands.as_matrix_stack
 
 
-def matmul(a, b, out=None):
+# matmul's defaults of alpha and beta, compared by identity: a plain call's check of its
+# keywords stays a few identity tests on the cached path (an explicit alpha=1.0 takes the
+# epilogue path, which finds nothing to fuse and runs the plain product).
+_ALPHA_DEFAULT = 1.0
+_BETA_DEFAULT = 0.0
+
+
+def matmul(a, b, out=None, *, bias=None, activation=None, alpha=_ALPHA_DEFAULT,
+           beta=_BETA_DEFAULT, c=None):
     """Matrix product with the semantics of cupy.matmul (and numpy.matmul); CUDA torch
-    tensors in give torch tensors out (hopmm/interop.py)."""
+    tensors in give torch tensors out (hopmm/interop.py). With the
+    keywords, `activation(alpha * (a @ b) + beta * c + bias)` computed in fp32 (float64 for
+    float64 operands) and rounded once: `bias` of shape (N,) or (M, 1), `c` broadcastable to
+    the result (`out` may be `c` itself; with beta = 0, c is not read), `activation` one of
+    None, "relu", "gelu" (erf), "gelu_tanh", "silu", "sigmoid". Nothing is written to `out`
+    when a call raises."""
+    if not (bias is None and c is None and activation is None and alpha is _ALPHA_DEFAULT
+            and beta is _BETA_DEFAULT):
+        return _fused_matmul(a, b, out, bias=bias, activation=activation, alpha=alpha,
+                             beta=beta, c=c)
     result, k = fastpath.repeat(a, b, out)
     if result is not None:
         return result
@@ -159,23 +199,85 @@ def matmul(a, b, out=None):
     return result
 
 
-def _kernel_call(a, b, shapes: layout.MatmulShapes) -> KernelCall:
+def _fused_matmul(a, b, out, **keywords):
+    """matmul with epilogue keywords: a repeat of an earlier call through its remembered
+    launches, else validated in full (nothing launched before every check has passed), then
+    run on hopmm's kernels or computed with CuPy in fp32."""
+    import cupy
+
+    result, k = fastpath.repeat_fused(a, b, out, keywords)
+    if result is not None:
+        return result
+    if k is None and interop.has_tensor((a, b, out, keywords["bias"], keywords["c"])):
+        return interop.call_with_tensors(matmul, (a, b, out), keywords)
+    p = plan(a, b, out, **keywords)
+    ep = p.epilogue
+    if ep.spec == epilogue_mod.PLAIN and ep.alpha == 1.0:  # c with beta = 0 only
+        return matmul(a, b, out)
+    if p.path == "cupy.matmul" and os.environ.get(STRICT_ENV, "") not in ("", "0"):
+        raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "
+                            f"(unset {STRICT_ENV} to allow it)")
+    if p.path != "kernel":
+        return _fused_cupy(p, a, b, out)
+    with a.device:
+        result = out if out is not None else cupy.empty(p.shapes.out_shape, dtype=p.dtype)
+        _run_kernel(p, a, b, result, out is not None, k)
+    return result
+
+
+def _fused_cupy(p: Plan, a, b, out):
+    """The epilogue on CuPy's product of fp32 (float64 for float64) copies of the operands,
+    then one cast: the path of every call hopmm's kernels do not take."""
+    import cupy
+
+    s, ep = p.shapes, p.epilogue
+    compute = cupy.float64 if p.dtype == cupy.float64 else cupy.float32
+    with a.device:
+        acc = cupy.matmul(a.astype(compute, copy=False), b.astype(compute, copy=False))
+        acc = acc.reshape(s.batch_shape + (s.m, s.n))  # vectors' missing axes of one back
+        y = epilogue_mod.reference(cupy, acc, bias=ep.bias, activation=ep.spec.activation,
+                                   alpha=ep.alpha, beta=ep.beta,
+                                   c=None if ep.c is None else ep.c3)
+        y = y.reshape(s.out_shape)
+        if out is None:
+            return y.astype(p.dtype)
+        out[...] = y
+        return out
+
+
+def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None) -> KernelCall:
     """The operands as the kernel reads them (operands.kernel_operands) and the schedule,
-    decided on exactly those."""
+    decided on exactly those; `spec`, a fused epilogue's, goes into the chosen config (it
+    does not change the choice, except that gemv takes no epilogue)."""
     ops = operands.kernel_operands(a, b, shapes)
     dev = device_mod.query(a.device.id)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
+    fused = spec is not None
     choice = ((None if _schedule_override else tuning.lookup(ops.problem, dev))
-              or heuristics.choose(ops.problem, dev, _schedule_override))
+              or heuristics.choose(ops.problem, dev, _schedule_override, epilogue=fused))
+    if fused:
+        if choice.schedule.name == "gemv":   # an autotuned gemv: the next best takes the chain
+            choice = heuristics.choose(ops.problem, dev, _schedule_override, epilogue=True)
+        choice = replace(choice, config=replace(choice.config, epilogue=spec))
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 
 
 def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     s = p.shapes
     chosen_at = fastpath.generation
-    call = _kernel_call(a, b, s)
+    ep = p.epilogue
+    call = _kernel_call(a, b, s, None if ep is None else ep.spec)
     overlapping = user_out and (_overlap(result, a) or _overlap(result, b))
+    epilogue_ptrs = ()
+    repeatable = True
+    if ep is not None:
+        # Each CTA reads the bias and c elements of its own tile before storing it, so out may
+        # be c itself; out overlapping them otherwise is read from a copy made first.
+        repeatable = not (user_out and ep.overlaps(result))
+        ep = ep.readable(result if user_out else None)
+        repeatable = repeatable and not ep.c_copied
+        epilogue_ptrs = ep.pointers()
     direct = (result.flags.c_contiguous
               and layout.store_ok((s.m, s.n), (s.n * result.itemsize, result.itemsize),
                                   result.itemsize, result.data.ptr)
@@ -186,8 +288,9 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
         c3 = launch.padded_empty(*c_buffer, result.dtype)
     launches = launch.build_launches(call.choice, call.problem, call.a3, call.a_map, call.b3,
-                                     call.b_map, c3)
-    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
+                                     call.b_map, c3, ep)
+    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr,
+                      *epilogue_ptrs)
     if not direct:
         launch.copy_rows(result, c3.reshape(s.out_shape))
     # Remember the launches when a later call can repeat them on its own base addresses:
@@ -199,10 +302,11 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
               for name, x, x3, is_vector, axis in (("a", a, call.a3, s.a_is_vector, 0),
                                                    ("b", b, call.b3, s.b_is_vector, 1))
               if name in call.copies}
-    if recipe_key is not None and not overlapping and None not in copies.values():
+    if (recipe_key is not None and not overlapping and repeatable
+            and None not in copies.values()):
         fastpath.remember(recipe_key, fastpath.make_recipe(
             s.out_shape, result.dtype, launches, a, b, result if user_out else None,
-            copies.get("a"), copies.get("b"), c_buffer), chosen_at)
+            copies.get("a"), copies.get("b"), c_buffer, fused=ep is not None), chosen_at)
 
 
 def _overlap(x, y) -> bool:
@@ -213,16 +317,30 @@ def _overlap(x, y) -> bool:
 
 
 @interop.accepts_torch
-def explain(a, b, out=None) -> str:
-    """Which path `matmul(a, b, out)` takes, with which schedule and config, and why."""
-    p = plan(a, b, out)
+def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
+            c=None) -> str:
+    """Which path `matmul(a, b, out, ...)` takes, with which schedule and config, and
+    why; with epilogue keywords also the fused chain and where it runs."""
+    p = plan(a, b, out, bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
     s = p.shapes
     lines = [f"path: {p.path}", f"why: {p.reason}",
              f"shape: batch {s.batch_shape} x ({s.m} x {s.k}) @ ({s.k} x {s.n}) -> "
              f"{s.out_shape} {p.dtype}"]
+    ep = p.epilogue
+    if ep is not None:
+        where = ("fused into the kernel: applied in fp32 to the accumulators before the one "
+                 "rounding" if p.path == "kernel" else
+                 "computed with CuPy on an fp32 product (float64 for float64), then one cast")
+        operands = ", ".join(
+            [f"alpha = {ep.alpha}"] + ([f"beta = {ep.beta}"] if ep.c is not None else [])
+            + ([f"bias {tuple(ep.bias.shape)}"] if ep.bias is not None else [])
+            + ([f"c {tuple(ep.c.shape)}" + ("" if ep.c_in_place else
+                                              ", read from a contiguous copy")]
+               if ep.c is not None else []))
+        lines.append(f"epilogue: {ep.spec.describe()} ({operands}); {where}")
     if p.path == "kernel":
         with a.device:
-            call = _kernel_call(a, b, p.shapes)
+            call = _kernel_call(a, b, p.shapes, None if ep is None else ep.spec)
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
         grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count,

@@ -89,8 +89,9 @@ class Recipe:
     # call with one.
     out_bounds: tuple | None = None
 
-    def run(self, a, b, out):
-        """The result, or None when this call must take the full path (out overlaps)."""
+    def run(self, a, b, out, *epilogue_ptrs):
+        """The result, or None when this call must take the full path (out overlaps).
+        `epilogue_ptrs`: a fused epilogue's bias and c pointers."""
         cupy = _cupy or _bind_cupy()
         a_ptr, b_ptr = a.data.ptr, b.data.ptr
         if out is None:
@@ -106,11 +107,13 @@ class Recipe:
         a_read = self.a_copy.make(a) if self.a_copy else a
         b_read = self.b_copy.make(b) if self.b_copy else b
         if self.c_buffer is None:
-            launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, result.data.ptr)
+            launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, result.data.ptr,
+                              *epilogue_ptrs)
             return result
         batch, m, n, pitch = self.c_buffer
         c3 = cupy.empty((batch, m, pitch), dtype=self.dtype)
-        launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, c3.data.ptr)
+        launch.launch_all(self.launches, a_read.data.ptr, b_read.data.ptr, c3.data.ptr,
+                          *epilogue_ptrs)
         # One matrix of m rows of n elements (not a vector or a batch): straight from c3.
         rows = launch.matrix_rows(result) if batch == 1 else None
         if (rows is None or (rows.rows, rows.width) != (m, n * c3.itemsize)
@@ -147,14 +150,15 @@ def relative_bounds(x) -> tuple[int, int]:
 
 def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out,
                 a_copy: OperandCopy | None = None, b_copy: OperandCopy | None = None,
-                c_buffer: tuple | None = None) -> Recipe | DirectRecipe:
+                c_buffer: tuple | None = None, fused: bool = False) -> Recipe | DirectRecipe:
     """The recipe repeating a call of operands a, b (and the caller's out, or None) whose
-    launches read `a_copy`/`b_copy` of them and stored through `c_buffer` where not None."""
+    launches read `a_copy`/`b_copy` of them and stored through `c_buffer` where not None;
+    `fused`: the launches also take a fused epilogue's pointers (never a DirectRecipe)."""
     a_bounds, b_bounds = relative_bounds(a), relative_bounds(b)
     out_bounds = None if out is None else relative_bounds(out)
     # Split-K's WorkspaceLaunch looks up its stream's workspace in Python: not direct.
     plain = all(isinstance(x, _tensormap.KernelLaunch) for x in launches)
-    if plain and a_copy is None and b_copy is None and c_buffer is None:
+    if plain and not fused and a_copy is None and b_copy is None and c_buffer is None:
         return DirectRecipe(out_shape, dtype,
                             _tensormap.DirectRepeat(launches, a_bounds, b_bounds, out_bounds))
     return Recipe(out_shape, dtype, launches, a_bounds, b_bounds, a_copy, b_copy, c_buffer,
@@ -200,6 +204,61 @@ def key(a, b, out):
             return None
         k += (out.shape, out.strides, out.dtype, out_data.ptr % TMA_ALIGN == 0)
     return k
+
+
+def _epilogue_operand_key(x, device):
+    """What the validation and the launches of a fused call depend on in bias or c; False
+    where the call must take the full path (not an array of this device)."""
+    if x is None:
+        return None
+    if type(x) is not _cupy.ndarray or x.data.device_id != device:
+        return False
+    return (x.shape, x.strides, x.dtype)
+
+
+def repeat_fused(a, b, out, keywords: dict):
+    """repeat() for a call with epilogue keywords (matmul's `bias`, `activation`, `alpha`,
+    `beta`, `c`): the key adds every keyword (values and types; bias's and c's shapes, strides
+    and dtypes), and the launches get bias's and c's pointers. A call whose out overlaps bias
+    or c (other than being c) takes the full path, which reads copies of them."""
+    cupy = _cupy or _bind_cupy()
+    ndarray = cupy.ndarray
+    if type(a) is not ndarray or type(b) is not ndarray:
+        return None, None
+    device = cupy.cuda.runtime.getDevice()
+    if a.data.device_id != device or b.data.device_id != device:
+        return None, None
+    bias, c = keywords["bias"], keywords["c"]
+    bias_key, c_key = _epilogue_operand_key(bias, device), _epilogue_operand_key(c, device)
+    if bias_key is False or c_key is False:
+        return None, None
+    alpha, beta, activation = keywords["alpha"], keywords["beta"], keywords["activation"]
+    k = ("fused", a.shape, a.strides, a.dtype, a.data.ptr % TMA_ALIGN == 0,
+         b.shape, b.strides, b.dtype, b.data.ptr % TMA_ALIGN == 0, device,
+         type(activation), activation, type(alpha), alpha, type(beta), beta, bias_key, c_key)
+    if out is not None:
+        if type(out) is not ndarray or out.data.device_id != device:
+            return None, None
+        k += (out.shape, out.strides, out.dtype, out.data.ptr % TMA_ALIGN == 0)
+    try:
+        recipe = _recipes.get(k)
+    except TypeError:  # an unhashable keyword: the full path says what is wrong with it
+        return None, None
+    if recipe is None:
+        return None, k
+    c_read = c if beta != 0 else None  # beta = 0: c is not read
+    if out is not None and _overlaps_epilogue(out, bias, c_read):
+        return None, None
+    return recipe.run(a, b, out, 0 if bias is None else bias.data.ptr,
+                      0 if c_read is None else c_read.data.ptr), k
+
+
+def _overlaps_epilogue(out, bias, c) -> bool:
+    out_bounds = byte_bounds(out.data.ptr, out.shape, out.strides, out.itemsize)
+    same = (c is not None and out.data.ptr == c.data.ptr and out.shape == c.shape
+            and out.strides == c.strides)
+    return any(x is not None and overlaps(out_bounds, byte_bounds(
+        x.data.ptr, x.shape, x.strides, x.itemsize)) for x in (bias, None if same else c))
 
 
 def lookup(k):

@@ -191,10 +191,11 @@ class WorkspaceLaunch:
         self.workspace_bytes = workspace_bytes
         self.semaphores = semaphores
 
-    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int) -> None:
+    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int, *epilogue_ptrs) -> None:
         ws = workspace.get(self.device_id, stream, self.workspace_bytes, self.semaphores)
         w_ptr = ws.data_ptr
-        self.inner.launch(stream, a_ptr, b_ptr, c_ptr, w_ptr, w_ptr, ws.semaphores_ptr)
+        self.inner.launch(stream, a_ptr, b_ptr, c_ptr, w_ptr, w_ptr, ws.semaphores_ptr,
+                          *epilogue_ptrs)
 
 
 def _map_template(spec: tma.TensorMapSpec) -> tuple:
@@ -293,11 +294,14 @@ def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
 
 
 def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
-                   b_map: BatchMapping, c3) -> list:
+                   b_map: BatchMapping, c3, epilogue=None) -> list:
     """Launches computing C3 = A3 @ B3 over the broadcast batch (one per chunk of at most
     65535 batches). A3/B3 are TMA-readable (prepare_operand) in the layout `problem` names;
     C3 is row-major and TMA-storable (layout.store_ok). Each launch takes the base addresses
-    of A3, B3 and C3, so it can be repeated on other arrays of the same shape and strides."""
+    of A3, B3 and C3, so it can be repeated on other arrays of the same shape and strides.
+    A config with a fused epilogue (`epilogue`: the call's epilogue.FusedEpilogue) also takes
+    its scalars, fixed here, and the bias and c pointers after the addresses at each launch
+    (its bias and c strides are part of what a repeat must match)."""
     import cupy
 
     from ._tensormap import KernelLaunch
@@ -330,10 +334,13 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     for z0, count in layout.batch_chunks(problem.batch):
         ints = (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
                 tiles_n, choice.raster_group)
+        if cfg.epilogue is not None:
+            ints += epilogue.scalars(problem.m, problem.n)
         grid = sched.grid(problem, cfg, count, sm_count, choice.splits)
         if not sched.workspace:
             launches.append(KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
-                                         templates, ints, programmatic=programmatic,
+                                         templates, ints, pointers=sched.launch_pointers(cfg),
+                                         programmatic=programmatic,
                                          cluster=sched.launch_cluster(choice.splits)))
             continue
         # Split-K: a fourth map (the fp32 workspace of this chunk's geometry) and the
@@ -341,16 +348,17 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         ws_shape = sched.workspace_shape(problem, cfg, count, choice.splits)
         inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
                              templates + [_map_template(workspace_spec(ws_shape))], ints,
-                             pointers=sched.pointers, programmatic=programmatic)
+                             pointers=sched.launch_pointers(cfg), programmatic=programmatic)
         ws_bytes = ws_shape[0] * ws_shape[1] * ws_shape[2] * F32_BYTES
         launches.append(WorkspaceLaunch(inner, device_id, ws_bytes,
                                         sched.semaphore_count(problem, cfg, count)))
     return launches
 
 
-def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int) -> None:
+def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int, *epilogue_ptrs) -> None:
+    """Every launch on the current stream; `epilogue_ptrs` (bias, c) for fused kernels."""
     import cupy
 
     stream = cupy.cuda.get_current_stream().ptr
     for kernel_launch in launches:
-        kernel_launch.launch(stream, a_ptr, b_ptr, c_ptr)
+        kernel_launch.launch(stream, a_ptr, b_ptr, c_ptr, *epilogue_ptrs)

@@ -8,7 +8,9 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass, replace
 
+from . import epilogue as epilogue_mod
 from . import render
+from .epilogue import EpilogueSpec
 from .problem import KERNEL_DTYPES, Problem
 
 WARPGROUP_THREADS = 128
@@ -57,6 +59,8 @@ class KernelConfig:
     # Rows of a K-major A tile loaded per stage (None: all block_m). Fewer where the problem
     # has fewer rows: TMA then moves no zero-filled rows (tile_config.cuh, kARows).
     a_rows: int | None = None
+    # The fused epilogue chain (None: a plain kernel, its name and source as without one).
+    epilogue: EpilogueSpec | None = None
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -88,8 +92,9 @@ class KernelConfig:
         layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
         trim = "" if self.a_rows is None else f"_a{self.a_rows}"
+        fused = "" if self.epilogue is None else self.epilogue.tag
         return (f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}"
-                f"_c{self.c_buffers}{trim}_{layout}")
+                f"_c{self.c_buffers}{trim}{fused}_{layout}")
 
 
 class WarpSpecializedSchedule:
@@ -259,11 +264,22 @@ class WarpSpecializedSchedule:
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
             "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
+            **EpilogueSpec.config_fields(cfg.epilogue),
         }
+        fused = cfg.epilogue is not None
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
                                     dict(cls.slots, THREADS=str(cls.threads(cfg)),
                                          EXTRA_PARAMS=cls.extra_params,
-                                         EXTRA_ARGS=cls.extra_args))
+                                         EXTRA_ARGS=cls.extra_args,
+                                         EPILOGUE_PARAMS=epilogue_mod.POINTER_PARAMS * fused,
+                                         EPILOGUE_SCALARS=epilogue_mod.SCALAR_PARAMS * fused,
+                                         EPILOGUE_ARGS=epilogue_mod.CALL_ARGS * fused))
+
+    @classmethod
+    def launch_pointers(cls, cfg: KernelConfig) -> int:
+        """Raw device pointers the kernel takes after its maps: the schedule's own, then a
+        fused epilogue's bias and c."""
+        return cls.pointers + (epilogue_mod.POINTERS if cfg.epilogue is not None else 0)
 
     @classmethod
     def deepest(cls, dtype: str, block_n: int, trans_a: bool, trans_b: bool,

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import hopmm
-from hopmm import api, device, fastpath, heuristics, launch, layout, workspace
+from hopmm import api, device, epilogue, fastpath, heuristics, launch, layout, workspace
 from hopmm.schedules import BLOCK_M, CLUSTER_REDUCE_GROUP_ROWS, TMA_BOX_ELEMS
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -61,6 +61,9 @@ def _fake_cupy():
     m.uint8, m.uint32 = np.uint8, np.uint32
     m.result_type = np.result_type
     m.broadcast_to = lambda x, shape: np.broadcast_to(x, shape).view(FakeArray)
+    m.ascontiguousarray = lambda x: np.ascontiguousarray(x).view(FakeArray)
+    m.float32, m.float64 = np.float32, np.float64
+    m.maximum, m.exp, m.tanh = np.maximum, np.exp, np.tanh
     m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
     m.cuda = types.SimpleNamespace(
         Device=_Device,
@@ -99,6 +102,31 @@ def _layout(function) -> tuple[bool, bool]:
     return tag[0] == "N", tag[1] == "N"
 
 
+def _epilogue_spec(function):
+    """The fused epilogue named by a stand-in kernel's name (`..._ep_relu_bias_c_NT`)."""
+    name = next(n for n, h in _KERNEL_NAMES.items() if h == function)
+    if "_ep_" not in name:
+        return None
+    parts = name.split("_ep_")[1].rsplit("_", 1)[0].split("_")
+    bias, c = "bias" in parts, "c" in parts
+    words = [w for w in parts if w not in ("bias", "c")]
+    act = "_".join(words)
+    return epilogue.EpilogueSpec(None if act == "linear" else act, bias, c)
+
+
+def _strided(address, shape, elem_strides, dtype):
+    """The float32 values of a (rows, cols) array at `address` with element strides
+    (negative or zero allowed), as the kernel's epilogue reads bias and c."""
+    extents = [(e - 1) * s for e, s in zip(shape, elem_strides)]
+    lo = sum(min(0, x) for x in extents)
+    hi = sum(max(0, x) for x in extents)
+    raw = (ctypes.c_char * ((hi - lo + 1) * dtype.itemsize)).from_address(
+        address + lo * dtype.itemsize)
+    arr = np.ndarray(shape, dtype, buffer=raw, offset=-lo * dtype.itemsize,
+                     strides=tuple(s * dtype.itemsize for s in elem_strides))
+    return arr.astype(np.float32)
+
+
 def _view(address, dims, strides, dtype):
     """The (batch, outer, inner) array a tensor map describes."""
     inner, outer, nb = dims
@@ -129,7 +157,12 @@ class SimulatedLaunch:
             self.gemv_ints = tuple(ints)
             return
         (self.k, self.z0, self.count, self.a_div, self.a_mod, self.b_div, self.b_mod,
-         self.tiles_m, self.tiles_n, self.group) = ints
+         self.tiles_m, self.tiles_n, self.group) = ints[:10]
+        # A fused epilogue's scalars follow (hopmm/epilogue.py, FusedEpilogue.scalars), and
+        # its bias and c pointers come last at launch.
+        self.epilogue_ints = tuple(ints[10:])
+        self.epilogue_spec = _epilogue_spec(function)
+        assert bool(self.epilogue_ints) == (self.epilogue_spec is not None)
 
     def launch(self, stream, a_ptr, b_ptr, c_ptr, *extra):
         SimulatedLaunch.launches += 1
@@ -137,6 +170,8 @@ class SimulatedLaunch:
         if not self.templates:
             return self._gemv(a_ptr, b_ptr, c_ptr, *extra)
         assert len(extra) == self.pointers + len(self.templates) - 3
+        if self.epilogue_spec is not None:
+            self.epilogue_ptrs, extra = extra[-2:], extra[:-2]
         if len(self.templates) == 4 and self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:
             return self._split_k_parallel(stream, a_ptr, b_ptr, c_ptr, *extra)
         if len(self.templates) == 4:
@@ -158,7 +193,24 @@ class SimulatedLaunch:
             za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
             am = a[za] if a_k_major else a[za].T          # (m, k)
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
-            c[z] = (am.astype(np.float32) @ bm.astype(np.float32)).astype(dt)
+            c[z] = self._final(am.astype(np.float32) @ bm.astype(np.float32), z, dt)
+
+    def _final(self, acc, z, dt):
+        """The fp32 tile values of batch slice z through the kernel's fused epilogue (read
+        from its arguments only), rounded once."""
+        spec = self.epilogue_spec
+        if spec is None:
+            return acc.astype(dt)
+        m, n, brs, bcs, crs, ccs, cbs, alpha, beta = self.epilogue_ints
+        assert acc.shape == (m, n)
+        alpha, beta = (float(np.array(x, np.int32).view(np.float32)) for x in (alpha, beta))
+        bias_ptr, c_ptr = self.epilogue_ptrs
+        v = alpha * acc
+        if spec.c:
+            v = v + beta * _strided(c_ptr + z * cbs * dt.itemsize, (m, n), (crs, ccs), dt)
+        if spec.bias:
+            v = v + _strided(bias_ptr, (m, n), (brs, bcs), dt)
+        return epilogue.activate(np, v.astype(np.float32), spec.activation).astype(dt)
 
     def _gemv(self, a_ptr, b_ptr, c_ptr, scratch_ptr):
         """The gemv kernel, from its pointers and integers alone (gemv_entry.cu.in): strides
@@ -231,7 +283,7 @@ class SimulatedLaunch:
             total = partials[0]
             for p in partials[1:]:
                 total = total + p
-            c[z] = total.astype(dt)
+            c[z] = self._final(total, z, dt)
 
     def _split_k_parallel(self, stream, a_ptr, b_ptr, c_ptr, w_map_ptr, w_ptr, sem_ptr):
         """The parallel split-K kernel: split s of a tile stores its partial into workspace
@@ -268,7 +320,7 @@ class SimulatedLaunch:
             total = ws[zl * splits, :m, :n].copy()
             for s in range(1, splits):
                 total = total + ws[zl * splits + s, :m, :n]
-            c[z] = total.astype(dt)
+            c[z] = self._final(total, z, dt)
 
     def _split_k(self, stream, a_ptr, b_ptr, c_ptr, w_map_ptr, w_ptr, sem_ptr):
         """The split-K kernel: split s of a tile sums its k-blocks (the kernel's partition),
@@ -302,12 +354,12 @@ class SimulatedLaunch:
             bm = (b[zb] if b_n_major else b[zb].T).astype(np.float32)
             partials = self._partials(am, bm, splits)
             if splits == 1:
-                c[z] = partials[0].astype(dt)
+                c[z] = self._final(partials[0], z, dt)
                 continue
             ws[zl, :m, :n] = partials[0]
             for p in partials[1:-1]:
                 ws[zl, :m, :n] += p
-            c[z] = (ws[zl, :m, :n] + partials[-1]).astype(dt)
+            c[z] = self._final(ws[zl, :m, :n] + partials[-1], z, dt)
 
 
 class SimulatedDirectRepeat:

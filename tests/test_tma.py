@@ -483,7 +483,7 @@ def make_launch(**kw):
     (dict(grid=(1, 1)), "grid"),
     (dict(map_templates=[GOOD_TEMPLATE] * 5), "at most 4"),
     (dict(map_templates=[GOOD_TEMPLATE[:6]]), "7 fields"),
-    (dict(ints=list(range(17))), "ints"),
+    (dict(ints=list(range(25))), "ints"),  # 24 at most: the raster's and an epilogue's
     (dict(map_templates=[(9, (64, 64, 1), (128,), (64, 64, 1), 3, 2, 0)]), "strides_bytes"),
     (dict(cluster=(1, 2)), "cluster: 3 ints"),
     (dict(grid=(4, 3, 1), cluster=(1, 2, 1)), "divide the grid"),
@@ -493,6 +493,13 @@ def make_launch(**kw):
 def test_kernel_launch_rejects_bad_construction(kw, match):
     with pytest.raises(ValueError, match=match):
         make_launch(**kw)
+
+
+def test_kernel_launch_takes_a_fused_split_k_kernels_arguments():
+    """A fused split-K kernel: four maps, the workspace's two pointers and the epilogue's
+    two, the raster's 10 integers and the epilogue's 9."""
+    # Raises ValueError where the extension takes fewer integers or pointers.
+    make_launch(map_templates=[GOOD_TEMPLATE] * 4, ints=list(range(19)), pointers=4)
 
 
 def test_kernel_launch_takes_the_programmatic_flag():

@@ -13,6 +13,7 @@
 // barrier; only the store itself is issued by one thread.
 #pragma once
 #include "tile_config.cuh"
+#include "epilogue_functors.cuh"
 
 namespace hopmm {
 
@@ -26,16 +27,36 @@ struct TmaStoreEpilogue {
         return Cfg::kBf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
     }
 
+    // The packed pair of accumulator registers (i, i + 1), i even (adjacent columns of one
+    // row), through the fused epilogue chain.
+    template <int NREG>
+    __device__ __forceinline__ static u32 pair(const float (&acc)[NREG], int i,
+                                               const EpilogueArgs& epilogue, int frag_row,
+                                               int frag_col, int z) {
+        float x = acc[i], y = acc[i + 1];
+        EpilogueChain<Cfg>::apply2(epilogue, x, y, frag_row + 8 * ((i / 2) % 2),
+                                   frag_col + 8 * (i / 4), z);
+        return pack(x, y);
+    }
+
     // Writes columns 64 * BOX ... 64 * BOX + 63 of the warpgroup's 64-row accumulator block to
     // the staging box at `box_addr`, in the layout of a SWIZZLE_128B box of 64 columns x 64
     // rows. Accumulator register i of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2),
     // column 8*(i/4) + 2*(t%4) + i%2, so registers (4j, 4j+1) and (4j+2, 4j+3) are the
     // stmatrix fragments of the 8x8 blocks (rows 0-7, group j) and (rows 8-15, group j) of the
     // warp's 16-row slice.
+    //
+    // The fused epilogue chain (epilogue_functors.cuh) is applied to each value on its way,
+    // in fp32; `row0` / `n0` / `z` place the block in the output. A plain kernel's chain is
+    // the identity.
     template <int BOX, int NREG>
     __device__ __forceinline__ static void stage_box(const float (&acc)[NREG], u32 box_addr,
-                                                     int thread) {
+                                                     int thread, const EpilogueArgs& epilogue,
+                                                     int row0, int n0, int z) {
         const int warp = thread / 32, lane = thread % 32;
+        // Register i of this thread: row row0 + frag_row + 8 * ((i / 2) % 2), column
+        // n0 + 8 * (i / 4) + frag_col + i % 2 (the layout above).
+        const int frag_row = row0 + 16 * warp + lane / 4, frag_col = n0 + 2 * (lane % 4);
         const int matrix = lane / 8;  // which of the four 8x8 blocks this lane addresses
         const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
         const int chunk_of_pair = matrix / 2;  // the lane's group of the pair (j, j + 1)
@@ -44,8 +65,10 @@ struct TmaStoreEpilogue {
             const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
             const int chunk = g + chunk_of_pair;    // 16-byte chunk of the box row
             const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
-            stmatrix_x4(addr, pack(acc[4 * j], acc[4 * j + 1]), pack(acc[4 * j + 2], acc[4 * j + 3]),
-                        pack(acc[4 * j + 4], acc[4 * j + 5]), pack(acc[4 * j + 6], acc[4 * j + 7]));
+            stmatrix_x4(addr, pair(acc, 4 * j, epilogue, frag_row, frag_col, z),
+                        pair(acc, 4 * j + 2, epilogue, frag_row, frag_col, z),
+                        pair(acc, 4 * j + 4, epilogue, frag_row, frag_col, z),
+                        pair(acc, 4 * j + 6, epilogue, frag_row, frag_col, z));
         }
     }
 
@@ -67,7 +90,8 @@ struct TmaStoreEpilogue {
                 named_barrier_sync(barrier, kWarpgroupThreads);
             }
             unsigned char* box = smem.c_buffer(consumer, kBuffer);
-            stage_box<BOX>(acc[R], smem_addr(box), thread);
+            stage_box<BOX>(acc[R], smem_addr(box), thread, smem.epilogue, row0 + R * S::kWgmmaM,
+                           n0, z);
             fence_proxy_async_smem();
             named_barrier_sync(barrier, kWarpgroupThreads);
             if (thread == 0) {

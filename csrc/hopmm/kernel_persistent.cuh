@@ -53,13 +53,14 @@ __device__ __forceinline__ void run_persistent(const TensorMap* map_a, const Ten
                                                const TensorMap* map_c, int k, int batch_offset,
                                                int batch_count, BatchMap batch_a,
                                                BatchMap batch_b, GroupedRaster raster,
-                                               const ConsumerSide& consumer_side) {
+                                               const ConsumerSide& consumer_side,
+    const EpilogueArgs& epilogue) {
     typedef TileShape<Cfg> S;
     static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     extern __shared__ unsigned char smem_raw[];
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int thread = threadIdx.x % kWarpgroupThreads;
-    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
+    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c, epilogue);
 
     const CtaTileWalk walk{raster, batch_offset, raster.per_slice() * batch_count};
     const int num_k_blocks = S::k_blocks(k);
@@ -100,14 +101,15 @@ template <class Cfg, class Producer, class Consumer, class Epilogue>
 __device__ __forceinline__ void persistent_gemm(const TensorMap* map_a, const TensorMap* map_b,
                                                 const TensorMap* map_c, int k, int batch_offset,
                                                 int batch_count, BatchMap batch_a,
-                                                BatchMap batch_b, GroupedRaster raster) {
+                                                BatchMap batch_b, GroupedRaster raster,
+    const EpilogueArgs& epilogue = EpilogueArgs()) {
     run_persistent<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
         [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int num_k_blocks,
             const CtaTileWalk& walk) {
             persistent_consumer<Cfg, Consumer, Epilogue>(smem, map_c, consumer, thread,
                                                          num_k_blocks, walk);
-        });
+        }, epilogue);
 }
 
 }  // namespace hopmm

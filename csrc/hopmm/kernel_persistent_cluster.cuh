@@ -61,14 +61,15 @@ __device__ __forceinline__ void run_persistent_cluster(const TensorMap* map_a,
                                                        int batch_offset, int batch_count,
                                                        BatchMap batch_a, BatchMap batch_b,
                                                        GroupedRaster raster,
-                                                       const ConsumerSide& consumer_side) {
+                                                       const ConsumerSide& consumer_side,
+    const EpilogueArgs& epilogue) {
     typedef TileShape<Cfg> S;
     static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     static_assert(S::kClusterSize > 1, "a cluster kernel");
     extern __shared__ unsigned char smem_raw[];
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int thread = threadIdx.x % kWarpgroupThreads;
-    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
+    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c, epilogue);
     // Peers arrive on this CTA's empty barriers and multicast into its full barriers: their
     // initialisation (fence.mbarrier_init.release.cluster) must be visible cluster-wide first.
     cluster_sync();
@@ -107,7 +108,8 @@ __device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
                                                         const TensorMap* map_c, int k,
                                                         int batch_offset, int batch_count,
                                                         BatchMap batch_a, BatchMap batch_b,
-                                                        GroupedRaster raster) {
+                                                        GroupedRaster raster,
+    const EpilogueArgs& epilogue = EpilogueArgs()) {
     typedef TileShape<Cfg> S;
     run_persistent_cluster<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
@@ -115,7 +117,7 @@ __device__ __forceinline__ void persistent_cluster_gemm(const TensorMap* map_a,
             const ClusterTileWalk<S::kClusterSize>& walk) {
             persistent_consumer<Cfg, Consumer, Epilogue>(smem, map_c, consumer, thread,
                                                          num_k_blocks, walk);
-        });
+        }, epilogue);
 }
 
 }  // namespace hopmm

@@ -17,7 +17,8 @@ __device__ __forceinline__ void persistent_cluster_overlap_gemm(const TensorMap*
                                                                 int batch_count,
                                                                 BatchMap batch_a,
                                                                 BatchMap batch_b,
-                                                                GroupedRaster raster) {
+                                                                GroupedRaster raster,
+    const EpilogueArgs& epilogue = EpilogueArgs()) {
     typedef TileShape<Cfg> S;
     run_persistent_cluster<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
@@ -25,7 +26,7 @@ __device__ __forceinline__ void persistent_cluster_overlap_gemm(const TensorMap*
             const ClusterTileWalk<S::kClusterSize>& walk) {
             overlapped_consumer<Cfg, Consumer, Epilogue>(smem, map_c, consumer, thread,
                                                          num_k_blocks, walk);
-        });
+        }, epilogue);
 }
 
 }  // namespace hopmm

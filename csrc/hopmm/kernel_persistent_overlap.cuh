@@ -128,14 +128,15 @@ __device__ __forceinline__ void persistent_overlap_gemm(const TensorMap* map_a,
                                                         const TensorMap* map_c, int k,
                                                         int batch_offset, int batch_count,
                                                         BatchMap batch_a, BatchMap batch_b,
-                                                        GroupedRaster raster) {
+                                                        GroupedRaster raster,
+    const EpilogueArgs& epilogue = EpilogueArgs()) {
     run_persistent<Cfg, Producer>(
         map_a, map_b, map_c, k, batch_offset, batch_count, batch_a, batch_b, raster,
         [&](const SharedStorage<Cfg>& smem, int consumer, int thread, int num_k_blocks,
             const CtaTileWalk& walk) {
             overlapped_consumer<Cfg, Consumer, Epilogue>(smem, map_c, consumer, thread,
                                                          num_k_blocks, walk);
-        });
+        }, epilogue);
 }
 
 }  // namespace hopmm

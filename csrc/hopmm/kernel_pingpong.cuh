@@ -25,7 +25,8 @@ template <class Cfg, class Producer, class Consumer, class Epilogue>
 __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const TensorMap* map_b,
                                               const TensorMap* map_c, int k, int batch_offset,
                                               int batch_count, BatchMap batch_a,
-                                              BatchMap batch_b, GroupedRaster raster) {
+                                              BatchMap batch_b, GroupedRaster raster,
+    const EpilogueArgs& epilogue = EpilogueArgs()) {
     typedef TileShape<Cfg> S;
     static_assert(S::kConsumers == 2 && !S::kConsumersShareTile,
                   "ping-pong: two consumers, each computing whole tiles");
@@ -48,7 +49,7 @@ __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const Tens
                                 c.m_tile * S::kBlockM, c.n_tile * S::kBlockN, c.z);
             }
             Epilogue::finish(thread);
-        });
+        }, epilogue);
 }
 
 }  // namespace hopmm

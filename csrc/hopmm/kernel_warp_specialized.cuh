@@ -13,12 +13,13 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
                                                       const TensorMap* map_c, int k,
                                                       int batch_offset, int /*batch_count: gridDim.z*/,
                                                       BatchMap batch_a, BatchMap batch_b,
-                                                      GroupedRaster raster) {
+                                                      GroupedRaster raster,
+    const EpilogueArgs& epilogue = EpilogueArgs()) {
     typedef TileShape<Cfg> S;
     extern __shared__ unsigned char smem_raw[];
     const int warpgroup = threadIdx.x / kWarpgroupThreads;
     const int thread = threadIdx.x % kWarpgroupThreads;
-    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c);
+    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c, epilogue);
 
     const TileCoord tile = raster.block_tile(batch_offset);
     const int m0 = tile.m_tile * S::kBlockM, n0 = tile.n_tile * S::kBlockN, z = tile.z;

@@ -52,8 +52,12 @@ struct SplitKClusterEpilogue {
     // shared::cta address `partial` of its CTA), in split order, as 16-bit values into the
     // staging boxes at `out`. Thread t takes 16-byte chunks t, t + 128, ... of the group, row
     // by row: a warp reads one row's 512 bytes of a partial and writes its 256 bytes of result.
+    // The fused epilogue chain is applied to each sum (rows from `row0`, columns from `n0`,
+    // batch slice z) before it is rounded: these are the tile's final values.
     __device__ __forceinline__ static void reduce_group(u32 partial, u32 out, int group,
-                                                        int splits, int thread) {
+                                                        int splits, int thread,
+                                                        const EpilogueArgs& epilogue, int row0,
+                                                        int n0, int z) {
 #pragma unroll
         for (int j = 0; j < kChunksPerThread; ++j) {
             const int chunk = thread + j * kWarpgroupThreads;
@@ -74,6 +78,8 @@ struct SplitKClusterEpilogue {
                     sum.w += p[s].w;
                 }
             }
+            EpilogueChain<Cfg>::apply4(epilogue, sum, row0 + group * kGroupRows + row, n0 + col,
+                                       z);
             // Four 16-bit results: half of a 16-byte chunk of a 64-column box row.
             const int box = col / kTmaBoxElems, in_box = col % kTmaBoxElems;
             constexpr int kElemsPerChunk = 16 / kElemBytes;
@@ -107,7 +113,8 @@ struct SplitKClusterEpilogue {
         unsigned char* out = smem.a_tile(0) + consumer * kOutBytesPerConsumer;
         int groups = 0;
         for (int g = rank; g < kGroups; g += splits, ++groups)
-            reduce_group(partial, smem_addr(out + groups * kGroupBytes), g, splits, thread);
+            reduce_group(partial, smem_addr(out + groups * kGroupBytes), g, splits, thread,
+                         smem.epilogue, row0, n0, z);
         // Done reading the peers' partials (their values are in this CTA's staging boxes, so
         // the loads have completed): nothing to release. finish() waits.
         cluster_arrive_relaxed();

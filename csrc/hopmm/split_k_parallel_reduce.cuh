@@ -95,7 +95,8 @@ struct SplitKParallelEpilogue {
     // bytes of one row of a partial.
     __device__ __forceinline__ static void reduce_group(const SplitKWorkspace& ws, int slot0,
                                                         int splits, int row0, int n0, int group,
-                                                        u32 out, int thread) {
+                                                        u32 out, int thread,
+                                                        const EpilogueArgs& epilogue, int z) {
         const size_t slot_floats = static_cast<size_t>(ws.slot_rows) * ws.row_pitch;
         const float* base[kChunksPerThread];
         float4 sum[kChunksPerThread];
@@ -135,6 +136,9 @@ struct SplitKParallelEpilogue {
             const int chunk = thread + j * kWarpgroupThreads;
             const int row = chunk / Partial::kChunksPerRow;  // in the group
             const int col = (chunk % Partial::kChunksPerRow) * Partial::kChunkFloats;
+            // The fused epilogue chain on the tile's final values, before the rounding.
+            EpilogueChain<Cfg>::apply4(epilogue, sum[j], row0 + group * kGroupRows + row, n0 + col,
+                                       z);
             // Four 16-bit results: half of a 16-byte chunk of a 64-column box row.
             const int box = col / kTmaBoxElems, in_box = col % kTmaBoxElems;
             constexpr int kElemsPerChunk = 16 / kElemBytes;
@@ -184,7 +188,7 @@ struct SplitKParallelEpilogue {
         int groups = 0;
         for (int g = split; g < kGroups; g += splits, ++groups)
             reduce_group(ws, slot0, splits, row0, n0, g, smem_addr(tile + groups * kGroupBytes),
-                         thread);
+                         thread, smem.epilogue, z);
 
         // 4. Seed 004 again, then one thread stores the groups and departs.
         fence_proxy_async_smem();

@@ -4,6 +4,7 @@
 #pragma once
 #include "wgmma.cuh"
 #include "cluster.cuh"
+#include "epilogue_functors.cuh"
 
 namespace hopmm {
 
@@ -129,6 +130,9 @@ template <class Cfg>
 struct SharedStorage {
     typedef TileShape<Cfg> S;
     unsigned char* base;
+    // The fused epilogue's runtime operands (epilogue_functors.cuh), carried with the storage
+    // every epilogue already receives; all zero and never read in a plain kernel.
+    EpilogueArgs epilogue;
 
     __device__ __forceinline__ unsigned char* a_tile(int s) const { return base + S::kAOffset + s * S::kABytes; }
     __device__ __forceinline__ unsigned char* b_tile(int s) const { return base + S::kBOffset + s * S::kBBytes; }
@@ -173,9 +177,11 @@ template <class Cfg>
 __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char* smem_raw,
                                                                    const TensorMap* map_a,
                                                                    const TensorMap* map_b,
-                                                                   const TensorMap* map_c) {
+                                                                   const TensorMap* map_c,
+                                                                   const EpilogueArgs& epilogue) {
     typedef TileShape<Cfg> S;
     SharedStorage<Cfg> smem;
+    smem.epilogue = epilogue;
     smem.base = reinterpret_cast<unsigned char*>(
         (reinterpret_cast<unsigned long long>(smem_raw) + kSmemAlign - 1) & ~(u64)(kSmemAlign - 1));
     if (threadIdx.x == 0) {
