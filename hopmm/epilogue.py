@@ -199,17 +199,16 @@ def resolve(shapes, dtype, device_id: int, *, bias, activation, alpha, beta,
     if bias is not None:
         _check_array("bias", bias, dtype, device_id)
         if bias.shape == (n,):
-            out.bias_strides = (0, _elements(bias.strides[0], bias.itemsize))
+            out.bias_strides = (0, bias.strides[0] // bias.itemsize)
         elif bias.shape == (m, 1):
-            out.bias_strides = (_elements(bias.strides[0], bias.itemsize), 0)
+            out.bias_strides = (bias.strides[0] // bias.itemsize, 0)
         else:
             raise ValueError(f"hopmm.matmul: bias has shape {bias.shape}; it must be ({n},) "
                              f"(one value per output column) or ({m}, 1) (one per row)")
         out.bias = bias
     if c is not None:
         _check_array("c", c, dtype, device_id)
-        try:
-            numpy.broadcast_shapes(c.shape, shapes.out_shape)
+        try:  # c broadcasts to the result, not the result to c
             ok = numpy.broadcast_shapes(c.shape, shapes.out_shape) == shapes.out_shape
         except ValueError:
             ok = False
@@ -221,10 +220,6 @@ def resolve(shapes, dtype, device_id: int, *, bias, activation, alpha, beta,
             out.c = c
             out.c3, out.c_strides, out.c_in_place = c_view(c, shapes)
     return out
-
-
-def _elements(stride_bytes: int, itemsize: int) -> int:
-    return stride_bytes // itemsize
 
 
 def c_view(c, shapes):
