@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, fields
 
 from . import device as device_mod
 from . import fastpath, heuristics, launch, layout, operands, tuning
-from .problem import KERNEL_DTYPES, Problem
+from .problem import KERNEL_DTYPES
 
 STRICT_ENV = "HOPMM_STRICT"
 SCHEDULE_ENV = "HOPMM_SCHEDULE"

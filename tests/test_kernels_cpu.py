@@ -7,7 +7,7 @@ import pytest
 from hopmm import compile as compiler
 from hopmm import render, report, sass
 from hopmm.device import H100_SXM
-from hopmm.schedules import BLOCK_M, SCHEDULES, TALL_BLOCK_M
+from hopmm.schedules import BLOCK_M, TALL_BLOCK_M
 
 CASES = report.kernel_matrix(H100_SXM)
 IDS = [sched.kernel_name(cfg) for sched, cfg in CASES]
