@@ -91,8 +91,7 @@ def check_all(device: DeviceInfo, workers: int | None = None) -> list[KernelChec
     for schedule, cfg in cases:
         kernel = compiler.compile_schedule(schedule, cfg)
         smem = schedule.smem_bytes(cfg)
-        summary = (sass.summarize_listing(sass.cached_listing(kernel.cubin_path, tool))
-                   if tool else None)
+        summary = sass.cached_summary(kernel.cubin_path, tool) if tool else None
         r = kernel.report
         problems = r.problems(smem, device.smem_per_block_optin)
         problems += cluster_problems(schedule, summary) if summary else []

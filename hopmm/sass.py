@@ -96,6 +96,19 @@ def cached_listing(cubin_path: Path, tool: str | None = None) -> str:
     return listing
 
 
+# {listing path: SassSummary}: the summaries of cached listings read in this process. Counting
+# the opcodes of a listing (about 300 KB) takes a quarter of a second.
+_summaries: dict = {}
+
+
+def cached_summary(cubin_path: Path, tool: str | None = None) -> SassSummary:
+    """summarize_listing(cached_listing(...)), once per cubin's contents in a process."""
+    path = listing_path(cubin_path)
+    if path not in _summaries:
+        _summaries[path] = summarize_listing(cached_listing(cubin_path, tool))
+    return _summaries[path]
+
+
 def global_access_before_dependency_wait(listing: str) -> list[str]:
     """Instructions of a one-kernel SASS listing that touch global memory at a lower address
     than its first griddepcontrol.wait (all of them if it has none). A programmatically

@@ -7,7 +7,7 @@ import pytest
 from hopmm import compile as compiler
 from hopmm import render, report, sass
 from hopmm.device import H100_SXM
-from hopmm.schedules import BLOCK_M, SCHEDULES, TALL_BLOCK_M
+from hopmm.schedules import BLOCK_M, TALL_BLOCK_M
 
 CASES = report.kernel_matrix(H100_SXM)
 IDS = [sched.kernel_name(cfg) for sched, cfg in CASES]
@@ -20,12 +20,17 @@ def compiled(request, kernel_matrix):
     return sched, cfg, compiler.compile_kernel(sched.render(cfg))
 
 
-def sass_listing(kernel) -> str:
-    """The kernel's SASS listing, read once per session into the kernel cache."""
+def cuobjdump() -> str:
     tool = sass.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    return sass.cached_listing(kernel.cubin_path, tool)
+    return tool
+
+
+def sass_summary(kernel) -> sass.SassSummary:
+    """The opcode counts of the kernel's SASS listing (read once per session into the kernel
+    cache, counted once per process)."""
+    return sass.cached_summary(kernel.cubin_path, cuobjdump())
 
 
 def test_resources(compiled):
@@ -41,7 +46,7 @@ def test_resources(compiled):
 
 def test_sass(compiled):
     sched, _, kernel = compiled
-    s = sass.summarize_listing(sass_listing(kernel))
+    s = sass_summary(kernel)
     assert s.arch == "sm_90a"
     assert s.counts["hgmma"] > 0 and s.counts["tma_load"] > 0 and s.counts["tma_store"] > 0
     # The split-K reductions stage rows they added up from fp32 partials (st.shared), not
@@ -57,10 +62,10 @@ def test_no_global_access_before_the_dependency_wait(compiled):
     before griddepcontrol.wait; the producer also lets the next kernel be scheduled (after its
     last load, in the source; here: the instruction is there)."""
     _, _, kernel = compiled
-    text = sass_listing(kernel)
-    s = sass.summarize_listing(text)
+    s = sass_summary(kernel)
     assert s.counts["dependency_wait"] == 1 and s.counts["launch_dependents"] >= 1
-    assert sass.global_access_before_dependency_wait(text) == []
+    listing = sass.cached_listing(kernel.cubin_path, cuobjdump())
+    assert sass.global_access_before_dependency_wait(listing) == []
 
 
 def test_global_access_check_sees_an_early_load():
@@ -83,7 +88,7 @@ def test_cluster_sass(compiled):
     from hopmm.report import CLUSTER_BARRIERS, LAUNCH_CLUSTER_BARRIERS, cluster_problems
 
     sched, _, kernel = compiled
-    s = sass.summarize_listing(sass_listing(kernel))
+    s = sass_summary(kernel)
     assert cluster_problems(sched, s) == []
     if sched.cluster_size > 1:
         assert s.counts["tma_multicast"] > 0 and s.counts["remote_arrive"] > 0
@@ -259,6 +264,9 @@ def test_a_cached_listing_belongs_to_the_cubin_it_was_read_from(tmp_path, monkey
     first = sass.cached_listing(cubin, tool)
     assert first == sass.disassemble(cubin, tool) and "Function : first_kernel" in first
     assert len(list(tmp_path.glob("k.*.sass"))) == 1
+    summary = sass.cached_summary(cubin, tool)
+    assert summary == sass.summarize_listing(first) and summary.arch == "sm_90a"
+    assert sass.cached_summary(cubin, tool) is summary       # counted once
     real = sass.disassemble
     monkeypatch.setattr(sass, "disassemble", lambda *args: pytest.fail("read again"))
     assert sass.cached_listing(cubin, tool) == first        # from the file beside the cubin
