@@ -125,8 +125,11 @@ def contestants_for(ctx, dev, sets, b_major):
     out["cupy"] = lambda a, b, c: ctx.cupy.matmul(a, b, out=c)
     if ctx.torch is not None:
         views = {id(x): bench.to_torch(ctx.torch, x) for s in sets for x in s}
-        out["torch"] = lambda a, b, c: ctx.torch.matmul(views[id(a)], views[id(b)],
-                                                        out=views[id(c)])
+        def as_torch(x):   # the rotating sets' views, or a view of a check's fresh C
+            return views[id(x)] if id(x) in views else bench.to_torch(ctx.torch, x)
+
+        out["torch"] = lambda a, b, c: ctx.torch.matmul(as_torch(a), as_torch(b),
+                                                        out=as_torch(c))
     return out, notes, base
 
 
