@@ -382,22 +382,23 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
 #   time(s) = max(bytes / (GEMV_DRAM_TBPS x fill),  2 x rows computed x N x K / GEMV_FMA_TFLOPS)
 #             + GEMV_LAUNCH_US  +  (s > 1: GEMV_SPLIT_US + the partials' bytes / GEMV_DRAM_TBPS)
 # bytes: A and C once, B once per row group of GemvConfig.max_rows rows; fill: the share of
-# GEMV_INFLIGHT_PER_SM the grid's CTAs keep in flight (fewer CTAs, fewer loads). Every
-# constant here is a PREDICTION, not yet measured (bench/gemv_tune.py measures them):
-# - GEMV_DRAM_TBPS: the issue's target, 0.95 of a device-to-device copy (~3.0 TB/s on an H100);
-# - GEMV_FMA_TFLOPS: the fp32 FMA rate the kernel reaches with its bf16 -> fp32 conversions,
-#   about 0.7 of the ~67 TFLOP/s of an H100 SXM's CUDA cores (binds from ~16 rows on);
-# - GEMV_LAUNCH_US: launch, first loads' latency and the last CTAs' tail;
+# GEMV_INFLIGHT_PER_SM the grid's CTAs keep in flight (fewer CTAs, fewer loads).
+# - GEMV_DRAM_TBPS: B streamed at 0.95 of a device-to-device copy (1 x 8192 x 8192, K-major B,
+#   H100: 2.85 TB/s; bench/NOTES.md v0.18);
+# - GEMV_FMA_TFLOPS: the fp32 FMA rate with the bf16 -> fp32 conversions, measured at 16 rows
+#   (v0.18: ~21 TFLOP/s, a third of the CUDA cores' peak), so from ~8 rows on split_k_parallel's
+#   tensor cores win;
+# - GEMV_LAUNCH_US: launch, first loads' latency and the last CTAs' tail (predicted);
 # - GEMV_SPLIT_US: the last CTA of a tile reading every split's partial and the counter's
-#   round trip;
+#   round trip (predicted);
 # - GEMV_INFLIGHT_PER_SM: bytes of B in flight per SM that cover DRAM latency (Little's law:
 #   ~3 TB/s x ~1 us / 132 SMs ~ 24 KB per SM, twice that for margin); a CTA holds threads x
 #   unroll x cols x 16 B (GemvConfig.inflight_bytes), and fill is the share of it the grid's
-#   CTAs give;
+#   CTAs give (its split counts were the best measured on three of four v0.18 shapes);
 # - GEMV_MIN_SPLIT_K: elements of K per split below which the partials cost more than the
-#   CTAs they add.
+#   CTAs they add (predicted).
 GEMV_DRAM_TBPS = 2.85
-GEMV_FMA_TFLOPS = 45.0
+GEMV_FMA_TFLOPS = 21.0
 GEMV_LAUNCH_US = 2.0
 GEMV_SPLIT_US = 1.0
 GEMV_INFLIGHT_PER_SM = 48 * 1024

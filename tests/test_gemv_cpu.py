@@ -93,9 +93,10 @@ def test_grid_and_scratch():
     assert GemvSchedule.max_splits(wide, GemvConfig.default("bfloat16", False, False, 1), 1) == 1
 
 
-# The issue's decode shapes (M x N x K) and the tuning set's.
-DECODE = [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192), (8, 8192, 8192), (16, 8192, 8192),
-          (16, 28672, 8192), (1, 4096, 4096), (4, 14336, 4096)]
+# The issue's decode shapes (M x N x K) and the tuning set's that gemv streams at the DRAM rate;
+# from 16 rows on its CUDA-core FMAs bind (bench/NOTES.md v0.18).
+DECODE = [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192), (8, 8192, 8192),
+          (1, 4096, 4096), (4, 14336, 4096)]
 
 
 @pytest.mark.parametrize("b_major", ["k", "n"])
@@ -111,6 +112,18 @@ def test_decode_shapes_take_gemv(m, n, k, b_major):
     ctas = tiles[0] * tiles[1] * c.splits
     assert (ctas * c.config.inflight_bytes >= H100_SXM.sm_count * heuristics.GEMV_INFLIGHT_PER_SM
             or c.splits == k // heuristics.GEMV_MIN_SPLIT_K)
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (16, 28672, 8192)])
+def test_sixteen_rows_stay_on_tensor_cores(m, n, k, b_major):
+    """16 x 8192 x 8192 ran gemv at 0.44-0.49 of the copy bandwidth (~21 TFLOP/s of FMAs) and
+    split_k_parallel at 0.82-0.86 (v0.18): the FMA term of the model must say so."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
+    assert heuristics.choose(p, H100_SXM).schedule.name == "split_k_parallel"
+    forced = heuristics.choose(p, H100_SXM, "gemv")
+    assert (heuristics.gemv_estimate_us(p, forced.config, forced.splits, H100_SXM)
+            > 2 * m * n * k / (heuristics.GEMV_FMA_TFLOPS * 1e6))
 
 
 @pytest.mark.parametrize("m", [17, 64, 128, 4096])
