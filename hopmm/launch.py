@@ -206,6 +206,18 @@ def _map_template(spec: tma.TensorMapSpec) -> tuple:
             tma.SWIZZLE[spec.swizzle], spec.l2_promotion, spec.oob_fill)
 
 
+def _checked_kernel(sched, cfg, device_id: int):
+    """(the loaded kernel, its shared memory, device_id) of a schedule's config, compiled and
+    checked against the device's limits (KernelResourceError otherwise)."""
+    kernel_info = compiled(sched, cfg)
+    smem = sched.smem_bytes(cfg)
+    problems = kernel_info.report.problems(smem, query(device_id).smem_per_block_optin)
+    if problems:
+        raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
+    return (loaded_kernel(str(kernel_info.cubin_path), kernel_info.name, smem, device_id),
+            smem, device_id)
+
+
 class GemvLaunch:
     """A gemv launch (schedules.GemvSchedule): a KernelLaunch of no tensor maps and four
     pointers (A, B, C and the split-K scratch of the launching stream, looked up on every
@@ -268,13 +280,7 @@ def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
     from ._tensormap import KernelLaunch
 
     cfg, sched = choice.config, choice.schedule
-    kernel_info = compiled(sched, cfg)
-    smem = sched.smem_bytes(cfg)
-    device_id = cupy.cuda.Device().id
-    problems = kernel_info.report.problems(smem, query(device_id).smem_per_block_optin)
-    if problems:
-        raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
-    kernel = _loaded(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
+    kernel, smem, device_id = _checked_kernel(sched, cfg, cupy.cuda.Device().id)
     programmatic = programmatic_launch()
     # The operands as the kernel reads them: with trans_c, B^T and A^T (views, no copies).
     kernel_problem = sched.kernel_problem(problem, cfg)
@@ -309,13 +315,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     cfg, sched = choice.config, choice.schedule
     if getattr(sched, "streaming", False):
         return build_gemv_launches(choice, problem, a3, a_map, b3, b_map, c3)
-    kernel_info = compiled(sched, cfg)
-    smem = sched.smem_bytes(cfg)
-    device_id = cupy.cuda.Device().id
-    problems = kernel_info.report.problems(smem, query(device_id).smem_per_block_optin)
-    if problems:
-        raise KernelResourceError(f"{kernel_info.name}: " + "; ".join(problems))
-    kernel = loaded_kernel(str(kernel_info.cubin_path), kernel_info.name, smem, device_id)
+    kernel, smem, device_id = _checked_kernel(sched, cfg, cupy.cuda.Device().id)
 
     # A: K-major -> one box of (64 k, a_rows rows); M-major -> boxes of (64 m, 64 k).
     # B: N-major -> boxes of (64 n, 64 k); K-major -> one box of (64 k, b_rows rows).

@@ -154,7 +154,7 @@ def test_environment_selects_the_schedule():
 
 class _RecordedLaunch:
     def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints,
-                 programmatic=False, cluster=(1, 1, 1)):
+                 pointers=0, programmatic=False, cluster=(1, 1, 1)):
         self.grid, self.block_x, self.smem = grid, block_x, shared_mem_bytes
         self.cluster = cluster
         self.templates, self.ints = map_templates, ints
