@@ -281,7 +281,7 @@ def test_fill_cache_compiles_in_worker_processes_for_the_callers_cache(tmp_path,
     """The pool's workers compile into the cache directory of the caller's environment; the
     caller's own compile of the same kernels is then a cache hit, its listing a file read."""
     monkeypatch.setenv("HOPMM_CACHE_DIR", str(tmp_path))
-    compiler._compile_cached.cache_clear()
+    compiler.clear_memo()
     persistent = [case for case in CASES if case[0].name == "persistent"]
     cases, other = persistent[:2], persistent[2]
     assert compiler.cached_cubin(other[0].render(other[1])) is None
@@ -299,7 +299,7 @@ def test_fill_cache_compiles_in_worker_processes_for_the_callers_cache(tmp_path,
     for sched, cfg in cases:
         kernel = compiler.compile_kernel(sched.render(cfg))
         assert kernel.report.registers > 0 and kernel.cubin_path.parent == tmp_path
-    compiler._compile_cached.cache_clear()
+    compiler.clear_memo()
 
 
 def test_report_is_read_for_the_named_kernel():
