@@ -121,7 +121,7 @@ def _direct_repeat(a, b, out):
         return None
     recipe, generation = entry
     if generation != fastpath.generation:   # launches of an older choice (use_schedule)
-        del _direct[k]
+        _direct.pop(k, None)
         return None
     torch = sys.modules["torch"]
     result = out if out is not None else torch.empty(recipe.out_shape, dtype=a.dtype,
