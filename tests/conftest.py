@@ -45,3 +45,10 @@ def kernel_matrix(_private_kernel_cache):
     cases = report.kernel_matrix(H100_SXM)
     report.fill_cache(cases)
     return cases
+
+
+def pytest_collection_modifyitems(config, items):
+    """Every test that needs the whole compiled kernel matrix is a `kernels` test."""
+    for item in items:
+        if "kernel_matrix" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.kernels)
