@@ -3,7 +3,7 @@
 #     bash bench/device_check.sh [extra bench.py args, e.g. --quick]
 # DEVICE_CHECK_TESTS=0 leaves the GPU tests out (run them separately: python3 -m pytest tests);
 # DEVICE_CHECK_TESTS=gpu runs the files that need the GPU or its driver only (the CPU tier's
-# kernel checks compile every kernel first, which alone takes most of a 10-minute command).
+# kernel checks compile every kernel first: once each, in one process per CPU).
 # DEVICE_CHECK_BENCH=0 leaves bench.py out (e.g. for a run that is only a sweep).
 # DEVICE_CHECK_SWEEP="SEED [COUNT [START]]" also runs the shape sweep after the bench:
 #     python3 bench/sweep.py --seed SEED [--count COUNT] [--start START] --out "$BENCH_OUT"
