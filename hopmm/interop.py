@@ -107,9 +107,17 @@ def _tensor_key(a, b, out):
 
 
 def _current_device() -> int:
-    import cupy
-
+    cupy = fastpath._cupy or fastpath._bind_cupy()
     return cupy.cuda.runtime.getDevice()
+
+
+def _raw_stream(torch, device: int) -> int:
+    """The handle of torch's current stream on `device`: torch's raw accessor where it has one
+    (the one its own compiled kernels use: no Stream object is made), else the public API."""
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if raw is not None:
+        return raw(device)
+    return torch.cuda.current_stream(device).cuda_stream
 
 
 def _direct_repeat(a, b, out):
@@ -124,10 +132,11 @@ def _direct_repeat(a, b, out):
         _direct.pop(k, None)
         return None
     torch = sys.modules["torch"]
+    device = a.get_device()
     result = out if out is not None else torch.empty(recipe.out_shape, dtype=a.dtype,
                                                      device=a.device)
-    stream = torch.cuda.current_stream(a.device).cuda_stream
-    if recipe.repeat.run(stream, a.data_ptr(), b.data_ptr(), result.data_ptr()):
+    if recipe.repeat.run(_raw_stream(torch, device), a.data_ptr(), b.data_ptr(),
+                         result.data_ptr()):
         return result
     return None
 

@@ -200,3 +200,16 @@ def test_a_tensor_requiring_grad_is_read_detached_under_no_grad(fake_cuda_torch,
     assert f(w) == "ran"
     converted = [e[1] for e in log if e[0] == "from_dlpack"]
     assert len(converted) == 1 and converted[0] is not w and not converted[0].requires_grad
+
+
+def test_the_raw_stream_accessor_is_used_where_torch_has_one():
+    from hopmm import interop
+
+    calls = []
+    public = types.SimpleNamespace(cuda_stream=7)
+    fake = types.SimpleNamespace(
+        _C=types.SimpleNamespace(_cuda_getCurrentRawStream=lambda d: calls.append(d) or 42),
+        cuda=types.SimpleNamespace(current_stream=lambda d: public))
+    assert interop._raw_stream(fake, 1) == 42 and calls == [1]
+    del fake._C._cuda_getCurrentRawStream
+    assert interop._raw_stream(fake, 1) == 7
