@@ -64,6 +64,27 @@ def run(a, b, schedule, tile, group=16):
     return c3, buf
 
 
+def run_choice(a, b, adjust):
+    """C = A @ B on the heuristic's choice for the operands' problem as `adjust(problem,
+    device)` returns it, through the launch layer into a NaN-poisoned result (rows padded to
+    TMA's alignment). Returns (C in the result's shape, the choice)."""
+    import cupy
+
+    from hopmm import api, launch, layout
+    from hopmm.device import query
+
+    shapes = layout.matmul_shapes(a.shape, b.shape)
+    call = api._kernel_call(a, b, shapes)
+    choice = adjust(call.problem, query(cupy.cuda.Device().id))
+    s = shapes
+    c3 = cupy.full((s.batch, s.m, layout.padded(s.n, a.itemsize)), cupy.nan,
+                   dtype=a.dtype)[:, :, :s.n]
+    launches = launch.build_launches(choice, call.problem, call.a3, call.a_map, call.b3,
+                                     call.b_map, c3)
+    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
+    return c3.reshape(s.out_shape), choice
+
+
 def check(a, b, schedule, tile, dtype, group=16):
     """Runs `run` and asserts: every output element written and within TOL of the reference,
     nothing written below the last row or right of the last column."""

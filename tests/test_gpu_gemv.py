@@ -7,11 +7,12 @@ import dataclasses
 
 import pytest
 
+import forced
 from conftest import requires_hopper
+from forced import TOL, rand, rel_err
 
 pytestmark = requires_hopper
 
-TOL = {"bfloat16": 1e-2, "float16": 2e-3}
 
 
 @pytest.fixture(autouse=True)
@@ -23,22 +24,6 @@ def _gemv(monkeypatch):
     hopmm.use_schedule("gemv")
     yield
     hopmm.use_schedule(None)
-
-
-def rand(shape, dtype):
-    import cupy
-
-    return cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
-
-
-def rel_err(got, a, b):
-    import cupy
-
-    r = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
-    got = got.astype(cupy.float32)
-    assert got.shape == r.shape
-    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) output elements"
-    return float(cupy.linalg.norm(got - r) / max(float(cupy.linalg.norm(r)), 1e-30))
 
 
 def poisoned_matmul(a, b):
@@ -68,24 +53,14 @@ def counters_zero() -> bool:
 def run_gemv(a, b, splits=None, **config):
     """C = A @ B on gemv with exactly `splits` K splits (None: the heuristic's) and config
     fields replaced by `config`, into a poisoned result. Returns (C, the choice)."""
-    import cupy
+    from hopmm import heuristics
 
-    from hopmm import api, heuristics, launch, layout
-    from hopmm.device import query
+    def adjust(problem, dev):
+        choice = heuristics.choose(problem, dev, "gemv")
+        return dataclasses.replace(choice, config=dataclasses.replace(choice.config, **config),
+                                   splits=splits or choice.splits)
 
-    shapes = layout.matmul_shapes(a.shape, b.shape)
-    call = api._kernel_call(a, b, shapes)
-    dev = query(cupy.cuda.Device().id)
-    choice = heuristics.choose(call.problem, dev, "gemv")
-    choice = dataclasses.replace(choice, config=dataclasses.replace(choice.config, **config),
-                                 splits=splits or choice.splits)
-    s = shapes
-    c3 = cupy.full((s.batch, s.m, layout.padded(s.n, a.itemsize)), cupy.nan,
-                   dtype=a.dtype)[:, :, :s.n]
-    launches = launch.build_launches(choice, call.problem, call.a3, call.a_map, call.b3,
-                                     call.b_map, c3)
-    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
-    return c3.reshape(s.out_shape), choice
+    return forced.run_choice(a, b, adjust)
 
 
 ROWS = [1, 2, 3, 7, 8, 15, 16]

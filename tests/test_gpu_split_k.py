@@ -8,6 +8,7 @@ import dataclasses
 import numpy as np
 import pytest
 
+import forced
 from conftest import requires_hopper
 
 pytestmark = requires_hopper
@@ -53,22 +54,10 @@ CLUSTER_MAX = 8   # schedules.MAX_CLUSTER_SPLITS
 def run_split(a, b, splits, schedule="split_k"):
     """C = A @ B on the split-K kernel of `schedule` with exactly `splits` splits (output
     poisoned first). Returns (C, the choice)."""
-    import cupy
+    from hopmm import heuristics
 
-    from hopmm import api, heuristics, launch, layout
-    from hopmm.device import query
-
-    shapes = layout.matmul_shapes(a.shape, b.shape)
-    call = api._kernel_call(a, b, shapes)
-    dev = query(cupy.cuda.Device().id)
-    choice = dataclasses.replace(heuristics.choose(call.problem, dev, schedule), splits=splits)
-    s = shapes
-    c3 = cupy.full((s.batch, s.m, layout.padded(s.n, a.itemsize)), cupy.nan,
-                   dtype=a.dtype)[:, :, :s.n]
-    launches = launch.build_launches(choice, call.problem, call.a3, call.a_map, call.b3,
-                                     call.b_map, c3)
-    launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
-    return c3.reshape(s.out_shape), choice
+    return forced.run_choice(a, b, lambda problem, dev: dataclasses.replace(
+        heuristics.choose(problem, dev, schedule), splits=splits))
 
 
 def semaphores_zero():
