@@ -254,11 +254,9 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None) -> KernelCall:
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
     fused = spec is not None
-    choice = ((None if _schedule_override else tuning.lookup(ops.problem, dev))
+    choice = ((None if _schedule_override else tuning.lookup(ops.problem, dev, epilogue=fused))
               or heuristics.choose(ops.problem, dev, _schedule_override, epilogue=fused))
     if fused:
-        if choice.schedule.name == "gemv":   # an autotuned gemv: the next best takes the chain
-            choice = heuristics.choose(ops.problem, dev, _schedule_override, epilogue=True)
         choice = replace(choice, config=replace(choice.config, epilogue=spec))
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 

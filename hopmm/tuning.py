@@ -182,15 +182,18 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def lookup(problem: Problem, device: DeviceInfo) -> Choice | None:
+def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False) -> Choice | None:
+    """The autotuned choice for `problem`, None where there is none or it cannot serve the
+    call (`epilogue`: the call fuses an epilogue, which gemv does not take)."""
     entry = _table.entries().get(problem_key(problem, device))
     if entry is None:
         return None
     try:
-        return choice_from(entry, problem, device)
+        choice = choice_from(entry, problem, device)
     except (TypeError, ValueError) as exc:
         print(f"hopmm: ignoring autotune entry {entry}: {exc!r}", file=sys.stderr)
         return None
+    return None if epilogue and choice.schedule is GemvSchedule else choice
 
 
 def record(new: dict) -> None:

@@ -174,6 +174,7 @@ def test_gemv_entries_round_trip_and_stale_ones_are_ignored(capsys):
                                           block_m=cfg.max_rows)})
     choice = tuning.lookup(DECODE, H100_SXM)
     assert choice.schedule is GemvSchedule and choice.splits == 3 and choice.config == cfg
+    assert tuning.lookup(DECODE, H100_SXM, epilogue=True) is None   # gemv takes no epilogue
     tuning.record({key: tuning.TunedEntry("gemv", cfg.block_n + 1, 0, 1, 3.0, "d", splits=3,
                                           block_m=cfg.max_rows)})
     assert tuning.lookup(DECODE, H100_SXM) is None
