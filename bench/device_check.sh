@@ -3,7 +3,8 @@
 #     bash bench/device_check.sh [extra bench.py args, e.g. --quick]
 # DEVICE_CHECK_TESTS=0 leaves the GPU tests out (run them separately: python3 -m pytest tests);
 # DEVICE_CHECK_TESTS=gpu runs the files that need the GPU or its driver only (the CPU tier's
-# kernel checks compile every kernel first: once each, in one process per CPU).
+# kernel checks compile every kernel first: once each, in one process per CPU). The test files
+# run in DEVICE_CHECK_JOBS (default 4) pytest processes at once (bench/parallel_tests.py).
 # DEVICE_CHECK_BENCH=0 leaves bench.py out (e.g. for a run that is only a sweep).
 # DEVICE_CHECK_SWEEP="SEED [COUNT [START]]" also runs the shape sweep after the bench:
 #     python3 bench/sweep.py --seed SEED [--count COUNT] [--start START] --out "$BENCH_OUT"
@@ -54,11 +55,17 @@ test_status=0
 if [[ "${DEVICE_CHECK_TESTS:-1}" == 0 ]]; then
     # For a run split in two under a per-command time limit: the tests ran on their own.
     echo "tests skipped (DEVICE_CHECK_TESTS=0)" | tee "$LOG_DIR/pytest.log"
-elif [[ "${DEVICE_CHECK_TESTS:-1}" == gpu ]]; then
-    python3 -m pytest -q -rs tests/test_gpu_*.py tests/test_tma.py \
-        tests/test_cpu_simulated_launch.py 2>&1 | tee "$LOG_DIR/pytest.log" || test_status=$?
 else
-    python3 -m pytest -q -rs -m "" tests 2>&1 | tee "$LOG_DIR/pytest.log" || test_status=$?
+    # Test files in DEVICE_CHECK_JOBS pytest processes at once (compiling dominates; the kernel
+    # cache is shared safely), then the timed autotune tests alone.
+    if [[ "${DEVICE_CHECK_TESTS:-1}" == gpu ]]; then
+        test_files=(tests/test_gpu_*.py tests/test_tma.py tests/test_cpu_simulated_launch.py)
+    else
+        test_files=(tests/test_*.py)
+    fi
+    python3 bench/parallel_tests.py --jobs "${DEVICE_CHECK_JOBS:-4}" --log-dir "$LOG_DIR" \
+        --alone tests/test_gpu_autotune.py -- "${test_files[@]}" 2>&1 \
+        | tee "$LOG_DIR/pytest.log" || test_status=$?
 fi
 
 echo "== python3 -m hopmm"

@@ -254,8 +254,11 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None) -> KernelCall:
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
     fused = spec is not None
-    choice = ((None if _schedule_override else tuning.lookup(ops.problem, dev, epilogue=fused))
-              or heuristics.choose(ops.problem, dev, _schedule_override, epilogue=fused))
+    reads = fused and (spec.bias or spec.c)
+    choice = ((None if _schedule_override
+               else tuning.lookup(ops.problem, dev, epilogue=fused, epilogue_reads=reads))
+              or heuristics.choose(ops.problem, dev, _schedule_override, epilogue=fused,
+                                   epilogue_reads=reads))
     if fused:
         choice = replace(choice, config=replace(choice.config, epilogue=spec))
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)

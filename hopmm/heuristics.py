@@ -118,6 +118,9 @@ OVERLAP_WIDTHS = (192,)
 # to hide the next epilogue behind, and the overlap kernel's slower main loop then costs more
 # than it hides (bench/NOTES.md v0.17).
 OVERLAP_MIN_K_BLOCKS = 16
+# A fused epilogue that reads bias or c from memory stays off the overlap kernels: their two
+# accumulator sets leave registers for one pair's operands at a time, so its epilogue waits on
+# one load per pair where the others wait once per box (bench/NOTES.md v0.19).
 
 # Aligned rows: the cluster kernel's 192 x 192 tile where its waves are fuller than any 128-row
 # tile's, rated at TILE_SPEED[192 x 192] and taken only where the model puts it ahead by this
@@ -488,10 +491,11 @@ def _split_k_parallel_estimate(problem: Problem, device: DeviceInfo) -> float | 
 
 @functools.lru_cache(maxsize=4096)
 def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
-           epilogue: bool = False) -> Choice:
+           epilogue: bool = False, epilogue_reads: bool = False) -> Choice:
     """The schedule and config for `problem`. `epilogue`: the call carries a fused epilogue
     (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
-    is an error."""
+    is an error. `epilogue_reads`: that epilogue reads bias or c, which keeps the call off the
+    overlap kernels."""
     if schedule == GemvSchedule.name:
         if epilogue:
             raise ValueError("gemv has no fused epilogue; force another schedule for calls "
@@ -522,7 +526,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
                           group)
     # The persistent schedule ran at least as fast as one tile per CTA (bench/NOTES.md v0.3).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    overlap_widths = (OVERLAP_WIDTHS if schedule is None
+    overlap_widths = (OVERLAP_WIDTHS if schedule is None and not epilogue_reads
                       and -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS else ())
     picked = _fastest_tile(sched, problem, device, overlap_widths)
     if picked is None:

@@ -112,6 +112,9 @@ class WarpSpecializedSchedule:
     }
     # Whether a CTA's TMA store stays in flight while the CTA goes on to its next tile.
     overlap_store = False
+    # Accumulator sets a consumer holds (2: one tile's epilogue overlaps the next's main loop);
+    # the epilogue fetches its operands in smaller parts when registers are that tight.
+    accumulator_sets = 1
     # 192 runs level with 256 per tile (4 stages against 3, bench/NOTES.md v0.5) and gives the
     # heuristic a third width against wave quantization.
     block_ns = (128, 192, 256)
@@ -261,6 +264,7 @@ class WarpSpecializedSchedule:
             "kConsumerRows": cls.consumer_rows(cfg),
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
+            "kAccumulatorSets": cls.accumulator_sets,
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
             "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
@@ -414,6 +418,7 @@ class PersistentOverlapSchedule(PersistentSchedule):
     name = "persistent_overlap"
     skeleton = "kernel_persistent_overlap.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_overlap_gemm")
+    accumulator_sets = 2
     block_ns = (128, 192)
 
 
@@ -427,6 +432,7 @@ class PersistentClusterOverlapSchedule(PersistentClusterSchedule):
     skeleton = "kernel_persistent_cluster_overlap.cuh"
     slots = dict(PersistentClusterSchedule.slots,
                  SKELETON="hopmm::persistent_cluster_overlap_gemm")
+    accumulator_sets = PersistentOverlapSchedule.accumulator_sets
     block_ns = PersistentOverlapSchedule.block_ns
     tall_block_ns = ()  # two 64 x 192 sets do not fit a consumer's share of three
 

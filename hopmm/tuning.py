@@ -182,9 +182,12 @@ def _read(path: Path) -> dict:
         return {}
 
 
-def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False) -> Choice | None:
+def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False,
+           epilogue_reads: bool = False) -> Choice | None:
     """The autotuned choice for `problem`, None where there is none or it cannot serve the
-    call (`epilogue`: the call fuses an epilogue, which gemv does not take)."""
+    call well (`epilogue`: the call fuses an epilogue, which gemv does not take;
+    `epilogue_reads`: one that reads bias or c, which the winner, timed without it, would read
+    one pair at a time on an overlap kernel: heuristics.choose decides such calls)."""
     entry = _table.entries().get(problem_key(problem, device))
     if entry is None:
         return None
@@ -193,7 +196,11 @@ def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False) -> Choi
     except (TypeError, ValueError) as exc:
         print(f"hopmm: ignoring autotune entry {entry}: {exc!r}", file=sys.stderr)
         return None
-    return None if epilogue and choice.schedule is GemvSchedule else choice
+    if epilogue and choice.schedule is GemvSchedule:
+        return None
+    if epilogue_reads and choice.schedule.accumulator_sets > 1:
+        return None
+    return choice
 
 
 def record(new: dict) -> None:

@@ -590,3 +590,16 @@ def test_calls_whose_aligned_copies_outlast_cublas_go_to_cupy(m, n, k, copied, r
     assert (reason is not None) == routed
     if routed:
         assert "cuBLAS reads such rows in place" in reason and "MB" in reason
+
+
+# An epilogue that reads bias or c waits on one load per pair on the overlap kernels (their
+# registers allow no more), once per box on the others (bench/NOTES.md v0.19): 8192 x 8192 x
+# 1024 with c ran 0.62 x torch.addmm on persistent_overlap.
+@pytest.mark.parametrize("m,n,k", [(8192, 8192, 1024), (5000, 3000, 4096), (3000, 5000, 4096)])
+def test_epilogues_that_read_operands_stay_off_the_overlap_kernels(m, n, k):
+    plain = choose(m, n, k)
+    assert plain.schedule.accumulator_sets == 2  # these shapes take the overlap kernel otherwise
+    assert choose(m, n, k, epilogue=True).schedule is plain.schedule  # activation only
+    reads = heuristics.choose(Problem(m, n, k, 1, "bfloat16"), H100_SXM, None, True, True)
+    assert reads.schedule.accumulator_sets == 1
+    assert "two accumulator sets" not in reads.reason

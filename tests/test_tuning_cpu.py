@@ -179,3 +179,18 @@ def test_gemv_entries_round_trip_and_stale_ones_are_ignored(capsys):
                                           block_m=cfg.max_rows)})
     assert tuning.lookup(DECODE, H100_SXM) is None
     assert "ignoring autotune entry" in capsys.readouterr().err
+
+
+def test_an_overlap_winner_is_not_taken_for_an_epilogue_that_reads_operands():
+    """Timed without the epilogue, it would read bias or c one pair at a time."""
+    from hopmm import heuristics
+
+    problem = Problem(8192, 8192, 1024, 1, "bfloat16")
+    base = heuristics.choose(problem, H100_SXM)
+    assert base.schedule.name == "persistent_overlap"
+    key = tuning.problem_key(problem, H100_SXM)
+    tuning.record({key: tuning.TunedEntry(base.schedule.name, base.config.block_n,
+                                          base.config.stages, base.raster_group, 100.0, "d")})
+    assert tuning.lookup(problem, H100_SXM).schedule is base.schedule
+    assert tuning.lookup(problem, H100_SXM, epilogue=True).schedule is base.schedule
+    assert tuning.lookup(problem, H100_SXM, epilogue=True, epilogue_reads=True) is None

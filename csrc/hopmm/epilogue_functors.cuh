@@ -9,6 +9,9 @@
 // broadcast dimension): a bias of shape (N,) has row stride 0, one of shape (M, 1) column
 // stride 0, and a c broadcast along rows or batches has stride 0 there, all through one path.
 // Elements past the output's last row or column are never read (TMA clips their stores).
+//
+// A box's operands are fetched before any of its values is computed, and the chain itself
+// has no branch, so the loads of a box are in flight together (NOTES v0.19).
 #pragma once
 #include "wgmma.cuh"
 
@@ -36,119 +39,200 @@ template <class Cfg>
 struct EpilogueChain {
     static constexpr bool kEnabled = Cfg::kEpilogue;
 
-    // One 16-bit element of bias or c (the operands' dtype), as fp32; read through the
-    // read-only cache, since neighbouring threads and tiles read the same bias lines.
-    __device__ __forceinline__ static float load(const void* base, long long index) {
-        return widen(__ldg(reinterpret_cast<const unsigned short*>(base) + index));
-    }
-
     // A 16-bit element's bits as fp32 (exact).
-    __device__ __forceinline__ static float widen(unsigned short bits) {
-        if (Cfg::kBf16) return __uint_as_float(static_cast<u32>(bits) << 16);
+    __device__ __forceinline__ static float widen(u32 bits) {
+        if (Cfg::kBf16) return __uint_as_float((bits & 0xffffu) << 16);
         float value;
-        asm("{ .reg .f16 h; mov.b16 h, %1; cvt.f32.f16 %0, h; }" : "=f"(value) : "h"(bits));
+        asm("{ .reg .b16 lo, hi; mov.b32 {lo, hi}, %1; cvt.f32.f16 %0, lo; }"
+            : "=f"(value) : "r"(bits));
         return value;
     }
 
-    // Elements `index` and `index + col_stride` (two adjacent output columns): one 32-bit
-    // load where they are adjacent and 4-byte aligned, one load for a row bias (stride 0).
-    // The caller guarantees both lie inside the output.
-    __device__ __forceinline__ static float2 load2(const void* base, long long index,
-                                                   int col_stride) {
-        const unsigned short* p = reinterpret_cast<const unsigned short*>(base) + index;
-        if (col_stride == 0) {
-            const float v = load(base, index);
-            return make_float2(v, v);
-        }
+    // One operand's pairs (columns col0 + SPACING * g, col0 + SPACING * g + 1 for g < PAIRS)
+    // of one row, whose element at column col0 is at `p`; `row_in`: the row lies inside the
+    // output. Row-contiguous and 4-byte aligned (the usual bias and residual): one 32-bit load
+    // a pair at a fixed offset from `p`; a column broadcast (stride 0, a bias of shape (M, 1)):
+    // one load; otherwise one 16-bit load an element. Read through the read-only cache, since
+    // neighbouring threads and tiles read the same bias lines. The loads are predicated, not
+    // branched around, so that a row's loads are in flight together (NOTES v0.19).
+    template <int PAIRS, int SPACING>
+    __device__ __forceinline__ static void load_row(const unsigned short* p, int col0, int n,
+                                                    bool row_in, int col_stride,
+                                                    u32 (&out)[PAIRS]) {
         if (col_stride == 1 && (reinterpret_cast<unsigned long long>(p) & 3) == 0) {
-            const u32 bits = __ldg(reinterpret_cast<const u32*>(p));
-            return make_float2(widen(static_cast<unsigned short>(bits & 0xffff)),
-                               widen(static_cast<unsigned short>(bits >> 16)));
+#pragma unroll
+            for (int g = 0; g < PAIRS; ++g) {
+                const int col = col0 + SPACING * g;
+                u32 bits = 0;
+                if (row_in && col + 1 < n)
+                    bits = __ldg(reinterpret_cast<const u32*>(p + SPACING * g));
+                else if (row_in && col < n)
+                    bits = __ldg(p + SPACING * g);
+                out[g] = bits;
+            }
+        } else if (col_stride == 0) {
+            const u32 value = row_in ? __ldg(p) : 0u;
+#pragma unroll
+            for (int g = 0; g < PAIRS; ++g) out[g] = value | (value << 16);
+        } else {
+#pragma unroll
+            for (int g = 0; g < PAIRS; ++g) {
+                const int col = col0 + SPACING * g;
+                const unsigned short* q = p + static_cast<long long>(SPACING * g) * col_stride;
+                const u32 lo = row_in && col < n ? __ldg(q) : 0u;
+                const u32 hi = row_in && col + 1 < n ? __ldg(q + col_stride) : 0u;
+                out[g] = lo | (hi << 16);
+            }
         }
-        return make_float2(load(base, index), load(base, index + col_stride));
+    }
+
+    // The operands of the pairs at columns col0 + SPACING * g (g < PAIRS) of row `row`, batch
+    // slice z: c's in c[g], bias's in bias[g] (left alone where the chain has none).
+    template <int PAIRS, int SPACING>
+    __device__ __forceinline__ static void fetch_row(const EpilogueArgs& e, int row, int col0,
+                                                     int z, u32 (&c)[PAIRS],
+                                                     u32 (&bias)[PAIRS]) {
+        if constexpr (kEnabled) {
+            const bool row_in = row < e.m;
+            if constexpr (Cfg::kHasC)
+                load_row<PAIRS, SPACING>(
+                    reinterpret_cast<const unsigned short*>(e.c) +
+                        static_cast<long long>(z) * e.c_batch_stride +
+                        static_cast<long long>(row) * e.c_row_stride +
+                        static_cast<long long>(col0) * e.c_col_stride,
+                    col0, e.n, row_in, e.c_col_stride, c);
+            if constexpr (Cfg::kHasBias)
+                load_row<PAIRS, SPACING>(
+                    reinterpret_cast<const unsigned short*>(e.bias) +
+                        static_cast<long long>(row) * e.bias_row_stride +
+                        static_cast<long long>(col0) * e.bias_col_stride,
+                    col0, e.n, row_in, e.bias_col_stride, bias);
+        }
+    }
+
+    // 1 / (1 + exp(-x)) without a branch: __expf's approximation (a few ulp) and a fast
+    // division are far inside the 16-bit rounding that follows, and precise expf / division
+    // carry slow-path branches that keep the compiler from interleaving elements (NOTES v0.19).
+    // exp(-x) = inf for x < -88 gives 0, as it should.
+    __device__ __forceinline__ static float logistic(float x) {
+        return __fdividef(1.0f, 1.0f + __expf(-x));
+    }
+
+    // GELU's x * Phi(x) without a branch (erff's argument-range branches serialize the
+    // epilogue, NOTES v0.19). Phi(x) = 1 - q for x >= 0 and q for x < 0, q = erfc(|x| / sqrt 2)
+    // / 2 by Abramowitz & Stegun 7.1.26: relative error below 7e-4 down to x = -4.2 (where
+    // GELU is -6e-5), below 1e-6 for |x| < 1.4, so the small negative tail stays accurate too.
+    __device__ __forceinline__ static float gelu_erf(float x) {
+        constexpr float kRsqrt2 = 0.7071067811865476f;
+        constexpr float kP = 0.3275911f;
+        constexpr float kA1 = 0.254829592f, kA2 = -0.284496736f, kA3 = 1.421413741f,
+                        kA4 = -1.453152027f, kA5 = 1.061405429f;
+        const float a = fabsf(x) * kRsqrt2;
+        const float t = __fdividef(1.0f, fmaf(kP, a, 1.0f));
+        const float poly = t * fmaf(t, fmaf(t, fmaf(t, fmaf(t, kA5, kA4), kA3), kA2), kA1);
+        const float q = 0.5f * poly * __expf(-a * a);
+        return x * (x >= 0.0f ? 1.0f - q : q);
     }
 
     __device__ __forceinline__ static float activate(float x) {
         // sqrt(2 / pi) and the cubic coefficient of GELU's tanh approximation.
         constexpr float kSqrt2OverPi = 0.7978845608028654f;
         constexpr float kGeluCubic = 0.044715f;
-        constexpr float kRsqrt2 = 0.7071067811865476f;
         if constexpr (Cfg::kActivation == kActivationRelu) return fmaxf(x, 0.0f);
-        if constexpr (Cfg::kActivation == kActivationGelu)
-            return 0.5f * x * (1.0f + erff(x * kRsqrt2));
+        if constexpr (Cfg::kActivation == kActivationGelu) return gelu_erf(x);
+        // 0.5 * (1 + tanh(u)) = logistic(2u)
         if constexpr (Cfg::kActivation == kActivationGeluTanh)
-            return 0.5f * x * (1.0f + tanhf(kSqrt2OverPi * (x + kGeluCubic * x * x * x)));
-        if constexpr (Cfg::kActivation == kActivationSilu) return x / (1.0f + expf(-x));
-        if constexpr (Cfg::kActivation == kActivationSigmoid) return 1.0f / (1.0f + expf(-x));
+            return x * logistic(2.0f * kSqrt2OverPi * fmaf(kGeluCubic * x, x * x, x));
+        if constexpr (Cfg::kActivation == kActivationSilu) return x * logistic(x);
+        if constexpr (Cfg::kActivation == kActivationSigmoid) return logistic(x);
         return x;
     }
 
-    // The chain for the element (row, col) of batch slice z, whose accumulator is `acc`.
-    __device__ __forceinline__ static float apply(const EpilogueArgs& e, float acc, int row,
-                                                  int col, int z) {
-        if constexpr (!kEnabled) {
-            return acc;
-        } else {
-            float v = e.alpha * acc;
-            const bool inside = row < e.m && col < e.n;
-            if constexpr (Cfg::kHasC) {
-                if (inside) {
-                    const long long index =
-                        static_cast<long long>(z) * e.c_batch_stride +
-                        static_cast<long long>(row) * e.c_row_stride +
-                        static_cast<long long>(col) * e.c_col_stride;
-                    v = fmaf(e.beta, load(e.c, index), v);
-                }
-            }
-            if constexpr (Cfg::kHasBias) {
-                if (inside) {
-                    const long long index = static_cast<long long>(row) * e.bias_row_stride +
-                                            static_cast<long long>(col) * e.bias_col_stride;
-                    v += load(e.bias, index);
-                }
-            }
-            return activate(v);
-        }
-    }
-
-    // Two adjacent columns col, col + 1 of one row (an accumulator register pair): bias and
-    // c read by pairs (load2) where both columns lie inside the output, else one by one.
+    // The chain on the accumulator pair (x, y) with its fetched operands (the 16-bit bits of
+    // c and bias at both columns, the first in the low half). Elements outside the output get
+    // some finite value: their stores are clipped.
     __device__ __forceinline__ static void apply2(const EpilogueArgs& e, float& x, float& y,
-                                                  int row, int col, int z) {
+                                                  u32 c_bits, u32 bias_bits) {
         if constexpr (kEnabled) {
-            if (!(row < e.m && col + 1 < e.n)) {  // an edge: each element on its own
-                x = apply(e, x, row, col, z);
-                y = apply(e, y, row, col + 1, z);
-                return;
-            }
             float vx = e.alpha * x, vy = e.alpha * y;
             if constexpr (Cfg::kHasC) {
-                const float2 c = load2(e.c,
-                                       static_cast<long long>(z) * e.c_batch_stride +
-                                           static_cast<long long>(row) * e.c_row_stride +
-                                           static_cast<long long>(col) * e.c_col_stride,
-                                       e.c_col_stride);
-                vx = fmaf(e.beta, c.x, vx);
-                vy = fmaf(e.beta, c.y, vy);
+                vx = fmaf(e.beta, widen(c_bits), vx);
+                vy = fmaf(e.beta, widen(c_bits >> 16), vy);
             }
             if constexpr (Cfg::kHasBias) {
-                const float2 b = load2(e.bias,
-                                       static_cast<long long>(row) * e.bias_row_stride +
-                                           static_cast<long long>(col) * e.bias_col_stride,
-                                       e.bias_col_stride);
-                vx += b.x;
-                vy += b.y;
+                vx += widen(bias_bits);
+                vy += widen(bias_bits >> 16);
             }
             x = activate(vx);
             y = activate(vy);
         }
     }
 
+    // At the start of a tile's main loop: asks L2 for the lines of c that rows row0 ..
+    // row0 + ROWS - 1, columns n0 .. n0 + COLS - 1 of batch slice z will read in the epilogue,
+    // so those loads hit L2 instead of waiting on DRAM when the main loop is done
+    // (NOTES v0.19). `thread` of the warpgroup's kWarpgroupThreads. Only a c whose rows are
+    // contiguous (the usual residual); other layouts are read as they are.
+    template <int ROWS, int COLS>
+    __device__ __forceinline__ static void prefetch_c(const EpilogueArgs& e, int row0, int n0,
+                                                      int z, int thread) {
+        if constexpr (kEnabled && Cfg::kHasC) {
+            constexpr int kLineElems = kL2LineBytes / 2;  // 16-bit elements of a line
+            constexpr int kLinesPerRow = (COLS + kLineElems - 1) / kLineElems;
+            if (e.c_col_stride != 1) return;
+            const unsigned short* c = reinterpret_cast<const unsigned short*>(e.c);
+            for (int i = thread; i < ROWS * kLinesPerRow; i += kWarpgroupThreads) {
+                const int row = row0 + i / kLinesPerRow;
+                const int col = n0 + (i % kLinesPerRow) * kLineElems;
+                if (row < e.m && col < e.n)
+                    prefetch_global_l2(c + static_cast<long long>(z) * e.c_batch_stride +
+                                       static_cast<long long>(row) * e.c_row_stride + col);
+            }
+        }
+    }
+
+    // The chain on the pair at (row, col), (row, col + 1) of batch slice z, its operands
+    // loaded here, one by one behind branches: the fewest registers live, for the kernels
+    // that have none to spare (the loads are not in flight together).
+    __device__ __forceinline__ static void apply2_at(const EpilogueArgs& e, float& x, float& y,
+                                                     int row, int col, int z) {
+        if constexpr (kEnabled) {
+            u32 c = 0u, bias = 0u;
+            if (row < e.m) {
+                if constexpr (Cfg::kHasC)
+                    c = load_pair(reinterpret_cast<const unsigned short*>(e.c) +
+                                      static_cast<long long>(z) * e.c_batch_stride +
+                                      static_cast<long long>(row) * e.c_row_stride +
+                                      static_cast<long long>(col) * e.c_col_stride,
+                                  col, e.n, e.c_col_stride);
+                if constexpr (Cfg::kHasBias)
+                    bias = load_pair(reinterpret_cast<const unsigned short*>(e.bias) +
+                                         static_cast<long long>(row) * e.bias_row_stride +
+                                         static_cast<long long>(col) * e.bias_col_stride,
+                                     col, e.n, e.bias_col_stride);
+            }
+            apply2(e, x, y, c, bias);
+        }
+    }
+
+    // Elements (col, col + 1) of a row inside the output, the first at p.
+    __device__ __forceinline__ static u32 load_pair(const unsigned short* p, int col, int n,
+                                                    int col_stride) {
+        if (col + 1 < n) {
+            if (col_stride == 1 && (reinterpret_cast<unsigned long long>(p) & 3) == 0)
+                return __ldg(reinterpret_cast<const u32*>(p));
+            return static_cast<u32>(__ldg(p)) | (static_cast<u32>(__ldg(p + col_stride)) << 16);
+        }
+        return col < n ? static_cast<u32>(__ldg(p)) : 0u;
+    }
+
     // Four consecutive columns col .. col + 3 of one row (the split-K reductions' chunks).
     __device__ __forceinline__ static void apply4(const EpilogueArgs& e, float4& v, int row,
                                                   int col, int z) {
-        apply2(e, v.x, v.y, row, col, z);
-        apply2(e, v.z, v.w, row, col + 2, z);
+        u32 c[2] = {0u, 0u}, bias[2] = {0u, 0u};
+        fetch_row<2, 2>(e, row, col, z, c, bias);
+        apply2(e, v.x, v.y, c[0], bias[0]);
+        apply2(e, v.z, v.w, c[1], bias[1]);
     }
 };
 

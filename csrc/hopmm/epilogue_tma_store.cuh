@@ -17,25 +17,52 @@
 
 namespace hopmm {
 
+// At the start of a tile's main loop, by each consumer thread: the L2 prefetch of the c rows
+// its consumer will store (epilogue_functors.cuh); nothing in a kernel without c.
+template <class Cfg>
+__device__ __forceinline__ void prefetch_epilogue_operands(const SharedStorage<Cfg>& smem,
+                                                           int thread, int row0, int n0, int z) {
+    typedef TileShape<Cfg> S;
+    EpilogueChain<Cfg>::template prefetch_c<S::kConsumerRows, S::kBlockN>(smem.epilogue, row0,
+                                                                          n0, z, thread);
+}
+
 template <class Cfg>
 struct TmaStoreEpilogue {
     typedef TileShape<Cfg> S;
     static constexpr int kBoxesPerRowBlock = S::kBlockN / kTmaBoxElems;
     static constexpr int kGroupsPerBox = kTmaBoxElems / 8;  // 8-column groups of the accumulator
+    // Groups of one row whose epilogue operands are fetched together: a whole box where the
+    // accumulators leave a consumer kFetchBoxRegs registers or more, else one pair at a time
+    // (the operands of a whole box spilled in the tighter kernels; NOTES v0.19).
+    static constexpr int kFetchBoxRegs = 96;
+    static constexpr int kFreeRegs = static_cast<int>(S::kConsumerRegs) -
+                                     Cfg::kAccumulatorSets * S::kRowBlocks * S::kBlockN / 2;
+    static constexpr int kGroupsPerFetch = kFreeRegs >= kFetchBoxRegs ? kGroupsPerBox : 1;
 
     __device__ __forceinline__ static u32 pack(float lo, float hi) {
         return Cfg::kBf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
     }
 
     // The packed pair of accumulator registers (i, i + 1), i even (adjacent columns of one
-    // row), through the fused epilogue chain.
+    // row), through the fused epilogue chain with its fetched operands.
     template <int NREG>
     __device__ __forceinline__ static u32 pair(const float (&acc)[NREG], int i,
-                                               const EpilogueArgs& epilogue, int frag_row,
-                                               int frag_col, int z) {
+                                               const EpilogueArgs& epilogue, u32 c_bits,
+                                               u32 bias_bits) {
         float x = acc[i], y = acc[i + 1];
-        EpilogueChain<Cfg>::apply2(epilogue, x, y, frag_row + 8 * ((i / 2) % 2),
-                                   frag_col + 8 * (i / 4), z);
+        EpilogueChain<Cfg>::apply2(epilogue, x, y, c_bits, bias_bits);
+        return pack(x, y);
+    }
+
+    // The pair of registers (4 j + 2 h, 4 j + 2 h + 1) (group j, row frag_row + 8 h) through
+    // the chain, its operands loaded one by one (EpilogueChain::apply2_at).
+    template <int NREG>
+    __device__ __forceinline__ static u32 fetched_pair(const float (&acc)[NREG], int j, int h,
+                                                       const EpilogueArgs& epilogue,
+                                                       int frag_row, int frag_col, int z) {
+        float x = acc[4 * j + 2 * h], y = acc[4 * j + 2 * h + 1];
+        EpilogueChain<Cfg>::apply2_at(epilogue, x, y, frag_row + 8 * h, frag_col + 8 * j, z);
         return pack(x, y);
     }
 
@@ -47,8 +74,9 @@ struct TmaStoreEpilogue {
     // warp's 16-row slice.
     //
     // The fused epilogue chain (epilogue_functors.cuh) is applied to each value on its way,
-    // in fp32; `row0` / `n0` / `z` place the block in the output. A plain kernel's chain is
-    // the identity.
+    // in fp32; `row0` / `n0` / `z` place the block in the output. The operands of every pair
+    // of the box are fetched first, so their loads are in flight together. A plain kernel's
+    // chain is the identity and fetches nothing.
     template <int BOX, int NREG>
     __device__ __forceinline__ static void stage_box(const float (&acc)[NREG], u32 box_addr,
                                                      int thread, const EpilogueArgs& epilogue,
@@ -60,15 +88,37 @@ struct TmaStoreEpilogue {
         const int matrix = lane / 8;  // which of the four 8x8 blocks this lane addresses
         const int row = 16 * warp + (matrix % 2) * 8 + lane % 8;
         const int chunk_of_pair = matrix / 2;  // the lane's group of the pair (j, j + 1)
+        if constexpr (kGroupsPerFetch == 1) {
+            // Each pair fetched as it is used: the fewest registers.
 #pragma unroll
-        for (int g = 0; g < kGroupsPerBox; g += 2) {
-            const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
-            const int chunk = g + chunk_of_pair;    // 16-byte chunk of the box row
-            const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
-            stmatrix_x4(addr, pair(acc, 4 * j, epilogue, frag_row, frag_col, z),
-                        pair(acc, 4 * j + 2, epilogue, frag_row, frag_col, z),
-                        pair(acc, 4 * j + 4, epilogue, frag_row, frag_col, z),
-                        pair(acc, 4 * j + 6, epilogue, frag_row, frag_col, z));
+            for (int g = 0; g < kGroupsPerBox; g += 2) {
+                const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
+                const int chunk = g + chunk_of_pair;    // 16-byte chunk of the box row
+                const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+                stmatrix_x4(addr, fetched_pair(acc, j, 0, epilogue, frag_row, frag_col, z),
+                            fetched_pair(acc, j, 1, epilogue, frag_row, frag_col, z),
+                            fetched_pair(acc, j + 1, 0, epilogue, frag_row, frag_col, z),
+                            fetched_pair(acc, j + 1, 1, epilogue, frag_row, frag_col, z));
+            }
+        } else {
+            // A whole box's operands, row by row, fetched before any is used.
+            const int j0 = BOX * kGroupsPerBox;  // first 8-column group of the accumulator
+            u32 packed[kGroupsPerBox][2];  // [g][h]: group j0 + g, row frag_row + 8 h
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+                u32 c[kGroupsPerBox], bias[kGroupsPerBox];
+                EpilogueChain<Cfg>::template fetch_row<kGroupsPerBox, 8>(
+                    epilogue, frag_row + 8 * h, frag_col + 8 * j0, z, c, bias);
+#pragma unroll
+                for (int g = 0; g < kGroupsPerBox; ++g)
+                    packed[g][h] = pair(acc, 4 * (j0 + g) + 2 * h, epilogue, c[g], bias[g]);
+            }
+#pragma unroll
+            for (int g = 0; g < kGroupsPerBox; g += 2) {
+                const int chunk = g + chunk_of_pair;  // 16-byte chunk of the box row
+                const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+                stmatrix_x4(addr, packed[g][0], packed[g][1], packed[g + 1][0], packed[g + 1][1]);
+            }
         }
     }
 

@@ -86,12 +86,14 @@ __device__ __forceinline__ void persistent_consumer(const SharedStorage<Cfg>& sm
     int ring = 0;
     for (int t = walk.first(); t < walk.end; t += walk.stride()) {
         const TileCoord c = walk.coord(t);
+        const int row0 = c.m_tile * S::kBlockM + consumer * S::kWgmmaM;
+        if (walk.stores(c))
+            prefetch_epilogue_operands(smem, thread, row0, c.n_tile * S::kBlockN, c.z);
         consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
         // A tile below the last row of C (a cluster's spare CTA) is computed, not stored: the
         // branch is uniform over the CTA, and the epilogue's barriers are per consumer.
         if (walk.stores(c))
-            Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
-                            c.m_tile * S::kBlockM + consumer * S::kWgmmaM,
+            Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread, row0,
                             c.n_tile * S::kBlockN, c.z);
     }
     Epilogue::finish(thread);

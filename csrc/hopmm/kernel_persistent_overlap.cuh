@@ -18,7 +18,8 @@
 namespace hopmm {
 
 // Registers a consumer thread keeps beside its two accumulator sets (addressing, the
-// epilogue's conversions).
+// epilogue's conversions). Too few for the L2 prefetch of c the single-set kernels make
+// (epilogue_tma_store.cuh): it spilled here.
 constexpr int kConsumerWorkingRegs = 40;
 
 template <class Cfg, class Consumer, class Epilogue, class Walk>
@@ -88,6 +89,7 @@ __device__ __forceinline__ void overlapped_consumer(const SharedStorage<Cfg>& sm
                                                     int thread, int num_k_blocks,
                                                     const Walk& walk) {
     typedef TileShape<Cfg> S;
+    static_assert(Cfg::kAccumulatorSets == 2, "the schedule renders its two sets");
     static_assert(2 * S::kRowBlocks * Consumer::kAccRegs + kConsumerWorkingRegs <=
                       (int)S::kConsumerRegs,
                   "two accumulator sets must fit a consumer's registers");

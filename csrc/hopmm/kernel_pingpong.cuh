@@ -43,6 +43,8 @@ __device__ __forceinline__ void pingpong_gemm(const TensorMap* map_a, const Tens
             for (int t = walk.first() + consumer * ctas; t < walk.end; t += 2 * ctas) {
                 const TileCoord c = walk.coord(t);
                 const TensorCoreTurns turns(consumer, t + ctas < walk.end);
+                prefetch_epilogue_operands(smem, thread, c.m_tile * S::kBlockM,
+                                           c.n_tile * S::kBlockN, c.z);
                 consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0, turns);
                 ring += num_k_blocks;  // the other consumer's next tile
                 Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,

@@ -52,6 +52,7 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
         setmaxnreg_inc<S::kConsumerRegs>();
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
+        prefetch_epilogue_operands(smem, thread, m0 + consumer * S::kWgmmaM, n0, z);
         consumer_state.mainloop(smem, consumer, slice.count, ring, thread == 0);
         const SplitKWorkspace ws{map_w, workspace, semaphores, raster.tiles_n * S::kBlockN,
                                  raster.tiles_m * S::kBlockM};

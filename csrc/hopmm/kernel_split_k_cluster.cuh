@@ -43,6 +43,7 @@ __device__ __forceinline__ void split_k_cluster_gemm(const TensorMap* map_a,
         setmaxnreg_inc<S::kConsumerRegs>();
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
+        prefetch_epilogue_operands(smem, thread, m0 + consumer * S::kWgmmaM, n0, z);
         consumer_state.mainloop(smem, consumer, slice.count, ring, thread == 0);
         Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
                         m0 + consumer * S::kWgmmaM, n0, z);

@@ -36,6 +36,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
         setmaxnreg_inc<S::kConsumerRegs>();
         const int consumer = warpgroup - 1;
         Consumer consumer_state;
+        prefetch_epilogue_operands(smem, thread, m0 + consumer * S::kWgmmaM, n0, z);
         consumer_state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
         Epilogue::store(consumer_state.acc, map_c, smem, consumer, thread,
                         m0 + consumer * S::kWgmmaM, n0, z);

@@ -70,6 +70,12 @@ __device__ __forceinline__ void grid_dependency_wait() {
     asm volatile("griddepcontrol.wait;" ::: "memory");
 }
 
+// Asks L2 for the 128-byte line holding `address` (PTX ISA 9.7.9.15); nothing waits for it.
+constexpr int kL2LineBytes = 128;
+__device__ __forceinline__ void prefetch_global_l2(const void* address) {
+    asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<u64>(address)));
+}
+
 // ---- TMA (PTX ISA 9.7.9.25) --------------------------------------------------------------
 
 __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {

@@ -8,7 +8,6 @@
 
 namespace hopmm {
 
-constexpr int kWarpgroupThreads = 128;
 constexpr int kElemBytes = 2;        // fp16 / bf16 operands and output
 constexpr int kTmaBoxElems = 64;     // one 128-byte swizzle row of 16-bit elements
 constexpr u32 kSmemAlign = 1024;     // 128B-swizzle pattern period: tiles start on it

@@ -16,6 +16,7 @@
 
 namespace hopmm {
 
+constexpr int kWarpgroupThreads = 128;  // the four warps that issue one wgmma together
 // Bytes per swizzled row (64 16-bit elements), and the K extent of one wgmma instruction.
 constexpr int kSwizzleBytes = 128;
 constexpr int kWgmmaK = 16;
