@@ -343,3 +343,15 @@ def test_enqueue_us_issues_batches_from_an_idle_gpu_and_never_waits_inside_one()
     # A sync before each batch and one after the last; none between the calls of a batch.
     batch = ["sync", "a0", "a1", "a2", "a0"]
     assert events == batch * 3 + ["sync"]
+
+
+def test_parallel_tests_balances_files_and_adds_up_summaries(monkeypatch):
+    parallel_tests = _load("hopmm_parallel_tests_under_test", "parallel_tests.py")
+    counts = {"a.py": 10, "b.py": 7, "c.py": 4, "d.py": 3}
+    monkeypatch.setattr(parallel_tests, "count_tests", counts.__getitem__)
+    groups = parallel_tests.balance(list(counts), 2)
+    assert sorted(map(sorted, groups)) == [["a.py", "d.py"], ["b.py", "c.py"]]
+    assert parallel_tests.balance(["a.py"], 4) == [["a.py"]]  # no empty groups
+    text = "....\nFAILED x.py::t - boom\n3 failed, 120 passed, 2 skipped, 1 error in 9.1s\n"
+    assert parallel_tests.tally(text) == {"failed": 3, "passed": 120, "skipped": 2, "errors": 1}
+    assert parallel_tests.tally("collected nothing\n") == {}
