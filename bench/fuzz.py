@@ -84,11 +84,16 @@ def _is_array(x, cupy) -> bool:
     return isinstance(x, cupy.ndarray)
 
 
+def _floating(x) -> bool:
+    """A floating-point array: bfloat16 (ml_dtypes, dtype kind 'V') included."""
+    return x.dtype.kind == "f" or x.dtype.name == "bfloat16"
+
+
 def _fp32_reference(a, b, cupy):
     """The product in fp32 of two valid cupy operands, or None where there is none."""
     if not (_is_array(a, cupy) and _is_array(b, cupy)) or a.ndim == 0 or b.ndim == 0:
         return None
-    if a.dtype.kind != "f" or b.dtype.kind != "f":
+    if not (_floating(a) and _floating(b)):
         return None
     try:
         return cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))

@@ -214,6 +214,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--items", default=",".join(ITEMS),
                         help=f"comma-separated subset of {','.join(ITEMS)}")
     parser.add_argument("--sanitizer", default=None, help="path of compute-sanitizer")
+    parser.add_argument("--tools", default=None,
+                        help=f"sanitize with these tools only (comma-separated; {','.join(TOOLS)})")
+    parser.add_argument("--schedules", default=None,
+                        help="sanitize these schedules only (comma-separated; default all)")
     parser.add_argument("--json", default=None, help="also write the results to this file")
     args = parser.parse_args(argv)
     if args.soak_s is None:
@@ -227,7 +231,21 @@ def parse_args(argv=None) -> argparse.Namespace:
     if unknown:
         parser.error(f"unknown items {unknown}; known: {', '.join(ITEMS)}")
     args.items = items
+    args.tools = _subset(parser, "--tools", args.tools, TOOLS)
+    from hopmm.schedules import SCHEDULES
+    args.schedules = _subset(parser, "--schedules", args.schedules, tuple(SCHEDULES))
     return args
+
+
+def _subset(parser, flag: str, value, known) -> list | None:
+    """The comma-separated names of `value`, each one of `known` (None: all of them)."""
+    if value is None:
+        return None
+    names = [v.strip() for v in value.split(",") if v.strip()]
+    unknown = [v for v in names if v not in known]
+    if unknown or not names:
+        parser.error(f"{flag}: unknown or no names {unknown}; known: {', '.join(known)}")
+    return names
 
 
 # -- child processes ------------------------------------------------------------------------
@@ -353,11 +371,11 @@ def sanitizer_command(sanitizer: str, tool: str, schedule: str, shapes) -> list:
             "--print-limit", str(SANITIZER_PRINT_LIMIT), *driver_command(shapes, schedule)]
 
 
-def sanitizer_plan(schedules, quick: bool) -> list:
+def sanitizer_plan(schedules, quick: bool, tools=TOOLS) -> list:
     """[(tool, schedule, [shape specs])] of every sanitizer run."""
     table = QUICK_TOOL_SHAPES if quick else TOOL_SHAPES
     return [(tool, schedule, [EDGE_SHAPES[s] for s in table[tool]])
-            for tool in TOOLS for schedule in schedules]
+            for tool in tools for schedule in schedules]
 
 
 def judge_sanitizer_run(rc: int, output: str) -> tuple[str, str]:
@@ -388,7 +406,7 @@ def sanitize(args, results: list) -> None:
                              + (", ..." if len(places) > 6 else "") + "): install the CUDA "
                              "toolkit's compute-sanitizer or pass --sanitizer PATH"))
         return
-    plan = sanitizer_plan(list(SCHEDULES), args.quick)
+    plan = sanitizer_plan(args.schedules or list(SCHEDULES), args.quick, args.tools or TOOLS)
 
     def run(job):
         tool, schedule, shapes = job

@@ -236,3 +236,16 @@ def test_gpu_fuzzer_harness_finds_what_it_must(flaw):
         assert {"same result", "same error"} <= set(outcomes)
     else:
         assert "mismatch" in outcomes
+
+
+def test_bfloat16_operands_have_an_fp32_reference():
+    """bfloat16's numpy dtype has kind 'V', not 'f': its cases must still get the fp32
+    product, so that a batch cupy.matmul cannot compute is judged against it ("cupy cannot")."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    bench_fuzz = _harness()
+    a = np.ones((2, 3, 4), dtype=ml_dtypes.bfloat16)
+    b = np.ones((2, 4, 5), dtype=ml_dtypes.bfloat16)
+    ref = bench_fuzz._fp32_reference(a, b, np)
+    assert ref is not None and ref.dtype == np.float32 and (ref == 4).all()
+    assert bench_fuzz._cupy_cannot(TypeError(bench_fuzz.CUPY_NO_BF16_BATCH), ref)
+    assert bench_fuzz._fp32_reference(a, np.ones((2, 4, 5), dtype=np.int32), np) is None

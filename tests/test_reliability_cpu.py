@@ -220,3 +220,16 @@ def test_commands_run_together_and_each_output_comes_back():
 ])
 def test_only_initchecks_blind_spot_on_the_workspace_is_known(tool, schedule, detail, known):
     assert rel.known_blind_spot(tool, schedule, detail) == known
+
+
+def test_sanitize_can_be_narrowed_to_tools_and_schedules(capsys):
+    args = rel.parse_args(["--tools", "initcheck", "--schedules", "split_k, persistent"])
+    assert args.tools == ["initcheck"] and args.schedules == ["split_k", "persistent"]
+    plan = rel.sanitizer_plan(args.schedules, False, args.tools)
+    assert [(tool, schedule) for tool, schedule, _ in plan] == [("initcheck", "split_k"),
+                                                               ("initcheck", "persistent")]
+    assert rel.parse_args([]).tools is None and rel.parse_args([]).schedules is None
+    for argv in (["--tools", "memcheck,nope"], ["--schedules", "nope"], ["--tools", ","]):
+        with pytest.raises(SystemExit):
+            rel.parse_args(argv)
+    assert "unknown or no names" in capsys.readouterr().err
