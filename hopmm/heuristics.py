@@ -118,9 +118,6 @@ OVERLAP_WIDTHS = (192,)
 # to hide the next epilogue behind, and the overlap kernel's slower main loop then costs more
 # than it hides (bench/NOTES.md v0.17).
 OVERLAP_MIN_K_BLOCKS = 16
-# A fused epilogue that reads bias or c from memory stays off the overlap kernels: their two
-# accumulator sets leave registers for one pair's operands at a time, so its epilogue waits on
-# one load per pair where the others wait once per box (bench/NOTES.md v0.19).
 
 # Aligned rows: the cluster kernel's 192 x 192 tile where its waves are fuller than any 128-row
 # tile's, rated at TILE_SPEED[192 x 192] and taken only where the model puts it ahead by this
@@ -526,13 +523,20 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
                           group)
     # The persistent schedule ran at least as fast as one tile per CTA (bench/NOTES.md v0.3).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    overlap_widths = (OVERLAP_WIDTHS if schedule is None and not epilogue_reads
-                      and -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS else ())
+    # A fused epilogue that reads bias or c stays off the overlap kernels: their two
+    # accumulator sets leave registers for one pair's operands at a time, so that epilogue
+    # waits on one load per pair where the others wait once per box (bench/NOTES.md v0.19).
+    long_k = -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS
+    overlap_widths = (OVERLAP_WIDTHS if schedule is None and not epilogue_reads and long_k
+                      else ())
     picked = _fastest_tile(sched, problem, device, overlap_widths)
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
+    if schedule is None and epilogue_reads and long_k:
+        why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
+                "one pair at a time there")
     if cfg.block_n in overlap_widths:
         overlap = PersistentOverlapSchedule.deepest(problem.dtype, cfg.block_n, problem.trans_a,
                                                     problem.trans_b, device.smem_per_block_optin)

@@ -603,3 +603,4 @@ def test_epilogues_that_read_operands_stay_off_the_overlap_kernels(m, n, k):
     reads = heuristics.choose(Problem(m, n, k, 1, "bfloat16"), H100_SXM, None, True, True)
     assert reads.schedule.accumulator_sets == 1
     assert "two accumulator sets" not in reads.reason
+    assert "no overlap kernel: the fused epilogue reads bias or c" in reads.reason

@@ -10,8 +10,9 @@
 // stride 0, and a c broadcast along rows or batches has stride 0 there, all through one path.
 // Elements past the output's last row or column are never read (TMA clips their stores).
 //
-// A box's operands are fetched before any of its values is computed, and the chain itself
-// has no branch, so the loads of a box are in flight together (NOTES v0.19).
+// Where registers allow, the store loop fetches a box's operands before any of its values is
+// computed, and the chain itself has no branch, so the loads of a box are in flight together
+// (epilogue_tma_store.cuh; NOTES v0.19).
 #pragma once
 #include "wgmma.cuh"
 

@@ -74,9 +74,9 @@ struct TmaStoreEpilogue {
     // warp's 16-row slice.
     //
     // The fused epilogue chain (epilogue_functors.cuh) is applied to each value on its way,
-    // in fp32; `row0` / `n0` / `z` place the block in the output. The operands of every pair
-    // of the box are fetched first, so their loads are in flight together. A plain kernel's
-    // chain is the identity and fetches nothing.
+    // in fp32; `row0` / `n0` / `z` place the block in the output. With kGroupsPerFetch > 1 the
+    // operands of a whole row of the box are fetched first, so their loads are in flight
+    // together. A plain kernel's chain is the identity and fetches nothing.
     template <int BOX, int NREG>
     __device__ __forceinline__ static void stage_box(const float (&acc)[NREG], u32 box_addr,
                                                      int thread, const EpilogueArgs& epilogue,
