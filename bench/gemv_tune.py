@@ -97,7 +97,6 @@ def contestants_for(ctx, dev, sets, b_major):
     """{name: fn(a, b, c)}: gemv variants, the choice, split_k_parallel, cuBLAS twice."""
     from hopmm import api, heuristics, layout
     from hopmm.launch import KernelResourceError
-    from hopmm.schedules import GemvConfig
 
     a, b, c = sets[0]
     problem = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape)).problem
