@@ -17,8 +17,17 @@ CONFIGS = GemvSchedule.configs()
 REGISTER_FILE = 65536
 
 
+@pytest.fixture(scope="module")
+def _gemv_cache(_private_kernel_cache):
+    """Every gemv kernel and its SASS listing compiled into the session's cache once, in one
+    process per CPU (the tests below then hit the cache)."""
+    from hopmm import report
+
+    report.fill_cache([(GemvSchedule, cfg) for cfg in CONFIGS])
+
+
 @pytest.fixture(scope="module", params=CONFIGS, ids=[c.tag for c in CONFIGS])
-def compiled(request):
+def compiled(request, _gemv_cache):
     cfg = request.param
     return cfg, compiler.compile_kernel(GemvSchedule.render(cfg))
 
@@ -38,8 +47,8 @@ def test_sass_streams_without_tensor_cores(compiled):
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
     _, kernel = compiled
-    listing = sass.disassemble(kernel.cubin_path, tool)
-    s = sass.summarize(kernel.cubin_path, tool)
+    listing = sass.cached_listing(kernel.cubin_path, tool)
+    s = sass.summarize_listing(listing)
     assert s.arch == "sm_90a"
     assert s.counts["hgmma"] == 0 and s.counts["tma_load"] == 0
     assert s.counts["local_memory"] == 0
