@@ -12,7 +12,8 @@ table of all of them comes LAST):
              count and time.
   sanitize   compute-sanitizer memcheck, racecheck, synccheck and initcheck on every schedule
              (forced) over edge shapes: tile edges, 1 row, 1 column, K below one k-block, K no
-             multiple of the split, a batch, odd row pitches, transposes. Each (tool,
+             multiple of the split, a batch, odd row pitches, transposes, a fused epilogue
+             (bias, c and an activation) at tile edges. Each (tool,
              schedule) is one run of bench/reliability_driver.py under the tool, the results
              checked against a host product; memcheck takes every edge shape, the slower
              tools a few. memcheck, racecheck and synccheck instrument hopmm's kernels only
@@ -91,6 +92,7 @@ EDGE_SHAPES = {
     "batch": "100x72x136:b3",
     "odd_pitch": "120x200x328:pitch",
     "transposed": "192x200x264:ta:tb:fp16",
+    "fused": "129x257x130:fused",   # bias, c and an activation in the epilogue, at tile edges
 }
 # The slower tools take the shapes most likely to find their kind of error.
 TOOL_SHAPES = {
@@ -100,7 +102,7 @@ TOOL_SHAPES = {
     "initcheck": ("odd_pitch", "short_k", "one_col"),
 }
 QUICK_TOOL_SHAPES = {
-    "memcheck": ("tile_edge", "one_row", "k_split", "odd_pitch"),
+    "memcheck": ("tile_edge", "one_row", "k_split", "odd_pitch", "fused"),
     "racecheck": ("tile_edge",),
     "synccheck": ("tile_edge",),
     "initcheck": ("odd_pitch",),

@@ -5,7 +5,9 @@ hopmm.matmul, each checked against a float32 product computed on the host, or au
     python bench/reliability_driver.py [--schedule NAME] [--autotune] SHAPE [SHAPE ...]
 
 A SHAPE is MxNxK followed by any of ":b<batch>", ":ta" (A stored transposed), ":tb",
-":pitch" (operands are views with an odd row pitch), ":fp16" (else bfloat16). The last line
+":pitch" (operands are views with an odd row pitch), ":fp16" (else bfloat16), ":fused"
+(through the fused epilogue: FUSED_ACTIVATION(FUSED_ALPHA * a @ b + FUSED_BETA * c + bias),
+bias of shape (N,), c of the result's shape, against the same chain on the host). The last line
 printed is a JSON summary: cases checked, failures, the compiles this process ran and the
 kernels it holds. Exit status 1 if any product was wrong.
 """
@@ -23,6 +25,9 @@ ODD_PITCH_PAD = 3
 # ‖hopmm − ref‖ / ‖ref‖ a correct fp32-accumulating kernel stays under (tests/forced.py).
 TOLERANCE = {"bfloat16": 1e-2, "float16": 2e-3}
 SEED = 20
+# The chain a ":fused" case applies: every operand of the epilogue read (bias and c), scalars
+# that are not 1, and an activation the host computes exactly.
+FUSED_ALPHA, FUSED_BETA, FUSED_ACTIVATION = 0.5, 2.0, "relu"
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,7 @@ class Case:
     trans_b: bool = False
     odd_pitch: bool = False
     dtype: str = "bfloat16"
+    fused: bool = False
 
     @classmethod
     def parse(cls, spec: str) -> "Case":
@@ -50,6 +56,8 @@ class Case:
                 fields["odd_pitch"] = True
             elif flag == "fp16":
                 fields["dtype"] = "float16"
+            elif flag == "fused":
+                fields["fused"] = True
             else:
                 raise ValueError(f"unknown flag {flag!r} in shape {spec!r}")
         return cls(m, n, k, **fields)
@@ -57,7 +65,7 @@ class Case:
     def spec(self) -> str:
         flags = ([f"b{self.batch}"] if self.batch else []) + (["ta"] if self.trans_a else []) \
             + (["tb"] if self.trans_b else []) + (["pitch"] if self.odd_pitch else []) \
-            + (["fp16"] if self.dtype == "float16" else [])
+            + (["fp16"] if self.dtype == "float16" else []) + (["fused"] if self.fused else [])
         return ":".join([f"{self.m}x{self.n}x{self.k}", *flags])
 
 
@@ -75,11 +83,23 @@ def operand(rng, rows: int, cols: int, batch: int, transposed: bool, odd_pitch: 
     return x.swapaxes(-1, -2) if transposed else x
 
 
-def rel_err(got, a, b) -> float:
+def reference(a, b, bias=None, c=None):
+    """The product of float32 host arrays a and b, through the ":fused" chain where bias and c
+    are given."""
     import numpy
 
-    ref = numpy.matmul(a.astype("float32").get(), b.astype("float32").get())
-    out = got.astype("float32").get()
+    ref = numpy.matmul(a, b)
+    if bias is None:
+        return ref
+    host_activation = {"relu": lambda x: numpy.maximum(x, 0.0)}[FUSED_ACTIVATION]
+    return host_activation(FUSED_ALPHA * ref + FUSED_BETA * c + bias)
+
+
+def rel_err(out, ref) -> float:
+    """‖out − ref‖ / ‖ref‖ of float32 host arrays; inf where out has the wrong shape or a
+    non-finite value."""
+    import numpy
+
     if out.shape != ref.shape or not numpy.isfinite(out).all():
         return float("inf")
     denom = float(numpy.linalg.norm(ref)) or 1.0
@@ -104,7 +124,16 @@ def check(case: Case, rng, schedule: str | None) -> float:
     b = operand(rng, case.k, case.n, case.batch, case.trans_b, case.odd_pitch, case.dtype)
     if schedule is not None and ran_schedule(a, b) != schedule:
         raise ValueError(f"ran on {ran_schedule(a, b)}, not the forced {schedule}")
-    return rel_err(hopmm.matmul(a, b), a, b)
+    def host(x):   # float32 on the host (bfloat16 converted on the device)
+        return x.astype("float32").get()
+
+    if not case.fused:
+        return rel_err(host(hopmm.matmul(a, b)), reference(host(a), host(b)))
+    bias = operand(rng, 1, case.n, 0, False, False, case.dtype)[0]
+    c = operand(rng, case.m, case.n, case.batch, False, False, case.dtype)
+    got = hopmm.matmul(a, b, bias=bias, c=c, alpha=FUSED_ALPHA, beta=FUSED_BETA,
+                       activation=FUSED_ACTIVATION)
+    return rel_err(host(got), reference(host(a), host(b), host(bias), host(c)))
 
 
 def main(argv=None) -> int:

@@ -233,3 +233,20 @@ def test_sanitize_can_be_narrowed_to_tools_and_schedules(capsys):
         with pytest.raises(SystemExit):
             rel.parse_args(argv)
     assert "unknown or no names" in capsys.readouterr().err
+
+
+def test_fused_cases_parse_and_their_reference_applies_the_chain():
+    import numpy as np
+
+    case = driver.Case.parse(rel.EDGE_SHAPES["fused"])
+    assert case.fused and driver.Case.parse(case.spec()) == case
+    assert "fused" in rel.QUICK_TOOL_SHAPES["memcheck"]
+    a = np.array([[1.0, 2.0], [3.0, -4.0]], np.float32)
+    b = np.eye(2, dtype=np.float32)
+    bias, c = np.array([1.0, -1.0], np.float32), np.ones((2, 2), np.float32)
+    expected = np.maximum(driver.FUSED_ALPHA * a + driver.FUSED_BETA * c + bias, 0.0)
+    assert np.array_equal(driver.reference(a, b, bias, c), expected)
+    assert np.array_equal(driver.reference(a, b), a)
+    assert driver.rel_err(expected, expected) == 0.0
+    assert driver.rel_err(expected[:1], expected) == float("inf")
+    assert driver.rel_err(np.full_like(expected, np.nan), expected) == float("inf")
