@@ -150,6 +150,38 @@ def test_every_schedule_forced(schedule, shape_index, ta, launches):
         hopmm.use_schedule(None)
 
 
+# Operand layouts of the epilogue's three load paths (epilogue_functors.cuh load_row): rows
+# contiguous and 4-byte aligned, rows contiguous but with an odd pitch or offset (alternate
+# rows misaligned), and neither (a transposed c, a strided bias).
+LAYOUTS = {
+    "odd_pitch": lambda m, n, dt: dict(c=rand((m, n + 1), dt)[:, :n],
+                                       bias=rand((n,), dt)),
+    "odd_offset": lambda m, n, dt: dict(c=rand((m, n + 1), dt)[:, 1:],
+                                        bias=rand((n + 1,), dt)[1:]),
+    "c_transposed": lambda m, n, dt: dict(c=rand((n, m), dt).T, bias=rand((m, 1), dt)),
+    "strided_bias": lambda m, n, dt: dict(c=rand((m, 2 * n), dt)[:, ::2],
+                                          bias=rand((2 * n,), dt)[::2]),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+@pytest.mark.parametrize("schedule", _schedules())
+def test_epilogue_operand_layouts_on_every_schedule(schedule, layout, launches):
+    """Every load path of bias and c, on every schedule (whole-box fetches and pair-by-pair
+    ones, the c prefetch and none), at tile edges."""
+    import hopmm
+    from hopmm.schedules import SCHEDULES
+
+    m, n, k = SHAPES[SCHEDULES[schedule].split_k][0]
+    hopmm.use_schedule(schedule)
+    try:
+        a, b = operands(m, n, k, "bfloat16", False)
+        kw = dict(LAYOUTS[layout](m, n, "bfloat16"), alpha=0.5, beta=1.5, activation="silu")
+        _fused(a, b, "bfloat16", kw, launches=launches)
+    finally:
+        hopmm.use_schedule(None)
+
+
 def test_repeats_take_new_bias_and_c(launches):
     """Repeated calls go through remembered launches and must read each call's own bias and
     c (a launch reusing the first call's pointers would fail here)."""
