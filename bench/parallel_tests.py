@@ -72,7 +72,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     if args.jobs < 1:
         p.error("--jobs must be at least 1")
-    alone = [f for f in dict.fromkeys(args.alone)]
+    alone = list(dict.fromkeys(args.alone))
     shared = [f for f in dict.fromkeys(args.files) if f not in alone]
     start = time.time()
     results = run_groups(balance(shared, args.jobs), args.log_dir, "group")
