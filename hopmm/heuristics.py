@@ -523,18 +523,23 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
                           group)
     # The persistent schedule ran at least as fast as one tile per CTA (bench/NOTES.md v0.3).
     sched = SCHEDULES[schedule or PersistentSchedule.name]
-    # A fused epilogue that reads bias or c stays off the overlap kernels: their two
-    # accumulator sets leave registers for one pair's operands at a time, so that epilogue
-    # waits on one load per pair where the others wait once per box (bench/NOTES.md v0.19).
+    # A fused epilogue that reads bias or c stays off kernels whose registers leave it one
+    # pair's operands at a time (Schedule.epilogue_fetches_boxes: the 192-wide overlap tile,
+    # the 192 x 192 cluster tile): it waits on one load per pair there where the others wait
+    # once per box (bench/NOTES.md v0.19).
     long_k = -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS
-    overlap_widths = (OVERLAP_WIDTHS if schedule is None and not epilogue_reads and long_k
-                      else ())
+    overlap_widths = tuple(
+        w for w in OVERLAP_WIDTHS
+        if not (epilogue_reads and _fetches_by_pair(PersistentOverlapSchedule, problem, device,
+                                                    w, BLOCK_M))
+    ) if schedule is None and long_k else ()
     picked = _fastest_tile(sched, problem, device, overlap_widths)
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
-    if schedule is None and epilogue_reads and long_k:
+    if schedule is None and long_k and cfg.block_n in OVERLAP_WIDTHS and \
+            cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
                 "one pair at a time there")
     if cfg.block_n in overlap_widths:
@@ -545,7 +550,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
                     "next tile's first k-block")
             sched, cfg = PersistentOverlapSchedule, overlap
     if schedule is None:
-        tall = _tall_cluster(problem, device, (cfg.block_m, cfg.block_n))
+        tall = _tall_cluster(problem, device, (cfg.block_m, cfg.block_n), overlap_widths,
+                             epilogue_reads)
         if tall is not None:
             sched, cfg, why = tall
         elif sched is PersistentSchedule:
@@ -557,17 +563,22 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
-def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int]):
+def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int],
+                  overlap_widths: tuple, epilogue_reads: bool):
     """(schedule, config, why) of the cluster kernel's TALL_TILE where the tile-time model
-    puts it TALL_CLUSTER_MIN_GAIN ahead of the persistent kernels' `shape`; else None."""
+    puts it TALL_CLUSTER_MIN_GAIN ahead of the persistent kernels' `shape` (overlapped at
+    `overlap_widths`); else None, and None for an epilogue that reads bias or c where the tall
+    tile would read them one pair at a time."""
     sched = PersistentClusterSchedule
     cfg = sched.deepest(problem.dtype, TALL_TILE[1], problem.trans_a, problem.trans_b,
                         device.smem_per_block_optin, TALL_TILE[0])
     if cfg is None or cfg.stages < FAST_STAGES:
         return None
+    if epilogue_reads and not sched.epilogue_fetches_boxes(cfg):
+        return None
     tall = _relative_time(sched, problem, device, TALL_TILE, TILE_SPEED)
     persistent = _relative_time(PersistentSchedule, problem, device, shape, TILE_SPEED,
-                                OVERLAP_WIDTHS)
+                                overlap_widths)
     if tall * TALL_CLUSTER_MIN_GAIN > persistent:
         return None
     workers, units = _workers(sched, device)
@@ -577,6 +588,15 @@ def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int]):
            f"than {shape[0]}x{shape[1]} tiles on the persistent kernels; clusters of "
            f"{sched.cluster_size} CTAs share each B tile")
     return sched, cfg, why
+
+
+def _fetches_by_pair(sched, problem: Problem, device: DeviceInfo, width: int,
+                     block_m: int) -> bool:
+    """Whether `sched`'s deepest block_m x width config loads an epilogue's operands one pair
+    at a time (False where there is no such config)."""
+    cfg = sched.deepest(problem.dtype, width, problem.trans_a, problem.trans_b,
+                        device.smem_per_block_optin, block_m)
+    return cfg is not None and not sched.epilogue_fetches_boxes(cfg)
 
 
 def _paired_tiles(problem: Problem, device: DeviceInfo, cfg: KernelConfig):

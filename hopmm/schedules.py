@@ -28,6 +28,16 @@ WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiate
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
 MIN_STAGES = 2
+# The register split of the wgmma kernels (tile_config.cuh consumer_regs): the producer
+# warpgroup keeps PRODUCER_REGS a thread, the consumers share the rest of the register file in
+# setmaxnreg steps, at most MAX_REGS_PER_THREAD each.
+REGISTER_FILE = 65536
+PRODUCER_REGS = 40
+MAX_REGS_PER_THREAD = 256
+SETMAXNREG_STEP = 8
+# A consumer fetches a whole box's epilogue operands at once where its accumulators leave it
+# this many registers, else one pair at a time (epilogue_tma_store.cuh, NOTES v0.19).
+EPILOGUE_BOX_FETCH_REGS = 96
 # Rows of one 128-byte swizzle atom: TMA boxes of K-major tiles hold whole atoms.
 SWIZZLE_ATOM_ROWS = 8
 CLUSTER_PAIR = 2          # CTAs per thread-block cluster of the cluster schedule
@@ -219,6 +229,16 @@ class WarpSpecializedSchedule:
         return cfg.block_m // cfg.consumers
 
     @classmethod
+    def epilogue_fetches_boxes(cls, cfg: KernelConfig) -> bool:
+        """Whether this kernel's epilogue loads a whole box of bias / c at once (else one pair
+        at a time, waiting on each load: a fused epilogue that reads them runs slower)."""
+        share = ((REGISTER_FILE - WARPGROUP_THREADS * PRODUCER_REGS)
+                 // (cfg.consumers * WARPGROUP_THREADS) // SETMAXNREG_STEP * SETMAXNREG_STEP)
+        accumulators = (cls.accumulator_sets * (cls.consumer_rows(cfg) // WGMMA_M)
+                        * cfg.block_n // 2)
+        return min(share, MAX_REGS_PER_THREAD) - accumulators >= EPILOGUE_BOX_FETCH_REGS
+
+    @classmethod
     def consumer_roles(cls, cfg: KernelConfig) -> str:
         """How the consumer warpgroups divide the work (hopmm.explain shows it)."""
         return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile, "
@@ -265,6 +285,7 @@ class WarpSpecializedSchedule:
             "kBf16": cfg.dtype == "bfloat16", "kTransA": int(cfg.trans_a),
             "kTransB": int(cfg.trans_b), "kOverlapStore": cls.overlap_store,
             "kAccumulatorSets": cls.accumulator_sets,
+            "kEpilogueFetchesBoxes": cls.epilogue_fetches_boxes(cfg),
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
             "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
             "kSmemBytesExpected": cls.smem_bytes(cfg),

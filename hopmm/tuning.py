@@ -186,8 +186,8 @@ def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False,
            epilogue_reads: bool = False) -> Choice | None:
     """The autotuned choice for `problem`, None where there is none or it cannot serve the
     call well (`epilogue`: the call fuses an epilogue, which gemv does not take;
-    `epilogue_reads`: one that reads bias or c, which the winner, timed without it, would read
-    one pair at a time on an overlap kernel: heuristics.choose decides such calls)."""
+    `epilogue_reads`: one that reads bias or c, which a winner timed without it may read one
+    pair at a time (Schedule.epilogue_fetches_boxes): heuristics.choose decides such calls)."""
     entry = _table.entries().get(problem_key(problem, device))
     if entry is None:
         return None
@@ -198,7 +198,7 @@ def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False,
         return None
     if epilogue and choice.schedule is GemvSchedule:
         return None
-    if epilogue_reads and choice.schedule.accumulator_sets > 1:
+    if epilogue_reads and not choice.schedule.epilogue_fetches_boxes(choice.config):
         return None
     return choice
 

@@ -604,3 +604,14 @@ def test_epilogues_that_read_operands_stay_off_the_overlap_kernels(m, n, k):
     assert reads.schedule.accumulator_sets == 1
     assert "two accumulator sets" not in reads.reason
     assert "no overlap kernel: the fused epilogue reads bias or c" in reads.reason
+
+
+@pytest.mark.parametrize("m,n", [(2560, 5120), (4096, 5632)])
+def test_epilogues_that_read_operands_stay_off_the_tall_cluster_tile(m, n):
+    """Three consumers leave the 192 x 192 tile's epilogue one pair's operands at a time."""
+    plain = choose(m, n, 4096)
+    assert (plain.config.block_m, plain.config.block_n) == heuristics.TALL_TILE
+    assert not plain.schedule.epilogue_fetches_boxes(plain.config)
+    reads = heuristics.choose(Problem(m, n, 4096, 1, "bfloat16"), H100_SXM, None, True, True)
+    assert reads.schedule.epilogue_fetches_boxes(reads.config)
+    assert choose(m, n, 4096, epilogue=True).config == plain.config  # activation only

@@ -181,16 +181,24 @@ def test_gemv_entries_round_trip_and_stale_ones_are_ignored(capsys):
     assert "ignoring autotune entry" in capsys.readouterr().err
 
 
-def test_an_overlap_winner_is_not_taken_for_an_epilogue_that_reads_operands():
-    """Timed without the epilogue, it would read bias or c one pair at a time."""
+def test_a_winner_that_reads_pairs_is_not_taken_for_an_epilogue_that_reads_operands():
+    """Timed without the epilogue, the 192-wide overlap tile would read bias or c one pair at
+    a time; the 128-wide one fetches whole boxes and stays."""
     from hopmm import heuristics
+    from hopmm.schedules import PersistentOverlapSchedule
 
     problem = Problem(8192, 8192, 1024, 1, "bfloat16")
     base = heuristics.choose(problem, H100_SXM)
-    assert base.schedule.name == "persistent_overlap"
+    assert base.schedule is PersistentOverlapSchedule and base.config.block_n == 192
     key = tuning.problem_key(problem, H100_SXM)
     tuning.record({key: tuning.TunedEntry(base.schedule.name, base.config.block_n,
                                           base.config.stages, base.raster_group, 100.0, "d")})
     assert tuning.lookup(problem, H100_SXM).schedule is base.schedule
     assert tuning.lookup(problem, H100_SXM, epilogue=True).schedule is base.schedule
     assert tuning.lookup(problem, H100_SXM, epilogue=True, epilogue_reads=True) is None
+    narrow = PersistentOverlapSchedule.deepest("bfloat16", 128, False, False,
+                                               H100_SXM.smem_per_block_optin)
+    tuning.record({key: tuning.TunedEntry(base.schedule.name, 128, narrow.stages,
+                                          base.raster_group, 100.0, "d")})
+    kept = tuning.lookup(problem, H100_SXM, epilogue=True, epilogue_reads=True)
+    assert kept.schedule is PersistentOverlapSchedule and kept.config.block_n == 128

@@ -39,6 +39,8 @@ struct TmaStoreEpilogue {
     static constexpr int kFreeRegs = static_cast<int>(S::kConsumerRegs) -
                                      Cfg::kAccumulatorSets * S::kRowBlocks * S::kBlockN / 2;
     static constexpr int kGroupsPerFetch = kFreeRegs >= kFetchBoxRegs ? kGroupsPerBox : 1;
+    static_assert((kGroupsPerFetch > 1) == Cfg::kEpilogueFetchesBoxes,
+                  "the schedule (epilogue_fetches_boxes) and the kernel agree on the fetch");
 
     __device__ __forceinline__ static u32 pack(float lo, float hi) {
         return Cfg::kBf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
