@@ -111,19 +111,6 @@ __device__ __forceinline__ unsigned short to_16bit(float f) {
     return static_cast<unsigned short>(packed & 0xffffu);
 }
 
-__device__ __forceinline__ u32 atomic_add_acq_rel_gpu(u32* p, u32 v) {
-    u32 old;
-    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
-                 : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-
-__device__ __forceinline__ float ld_global_cg_f32(const float* p) {
-    float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
-    return v;
-}
-
 // ---- A, read through L1 ------------------------------------------------------------------
 
 // A's rows of one CTA (row group), in fp32.

@@ -76,6 +76,74 @@ __device__ __forceinline__ void prefetch_global_l2(const void* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<u64>(address)));
 }
 
+// ---- Global memory between CTAs: ordered accesses, L2-only loads, polling -----------------
+// (PTX ISA 9.7.9.7 ld/st with .acquire/.release, 9.7.13.5 atom; the split-K and gemv
+// reductions hand partial sums from CTA to CTA through these.)
+
+__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
+    u32 v;
+    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ void st_relaxed_gpu(u32* p, u32 v) {
+    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+__device__ __forceinline__ u32 atomic_add_acq_rel_gpu(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;"
+                 : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+__device__ __forceinline__ u32 atomic_add_release_gpu(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;"
+                 : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+__device__ __forceinline__ u32 atomic_add_relaxed_gpu(u32* p, u32 v) {
+    u32 old;
+    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;"
+                 : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
+}
+
+// Floats from global memory cached in L2 only (never a stale L1 line): one, two, four.
+__device__ __forceinline__ float ld_global_cg_f32(const float* p) {
+    float v;
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
+    return v;
+}
+
+__device__ __forceinline__ void ld_global_cg_f32x2(const float* p, float& x, float& y) {
+    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "l"(p) : "memory");
+}
+
+__device__ __forceinline__ float4 ld_global_cg_f32x4(const float* p) {
+    float4 v;
+    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+// The sleep between two polls of a flag another CTA sets: doubling up to kMaxSleepNs, small
+// enough that a hand-off stays well under the time of one bulk reduce.
+struct Backoff {
+    static constexpr unsigned kMaxSleepNs = 256;
+    unsigned sleep_ns = 8;
+    __device__ __forceinline__ void sleep() {
+        __nanosleep(sleep_ns);
+        sleep_ns = sleep_ns < kMaxSleepNs ? 2 * sleep_ns : kMaxSleepNs;
+    }
+};
+
 // ---- TMA (PTX ISA 9.7.9.25) --------------------------------------------------------------
 
 __device__ __forceinline__ void tma_prefetch_map(const TensorMap* map) {

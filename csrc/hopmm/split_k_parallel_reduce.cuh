@@ -30,36 +30,10 @@
 
 namespace hopmm {
 
-__device__ __forceinline__ u32 atomic_add_release_gpu(u32* p, u32 v) {
-    u32 old;
-    asm volatile("atom.release.gpu.global.add.u32 %0, [%1], %2;"
-                 : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-
-__device__ __forceinline__ u32 atomic_add_relaxed_gpu(u32* p, u32 v) {
-    u32 old;
-    asm volatile("atom.relaxed.gpu.global.add.u32 %0, [%1], %2;"
-                 : "=r"(old) : "l"(p), "r"(v) : "memory");
-    return old;
-}
-
-// Four floats from global memory, cached in L2 only (never a stale L1 line).
-__device__ __forceinline__ float4 ld_global_cg_f32x4(const float* p) {
-    float4 v;
-    asm volatile("ld.global.cg.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w) : "l"(p) : "memory");
-    return v;
-}
-
-// Polls until *counter >= value (acquire, gpu scope), with the backoff of semaphore_wait.
+// Polls until *counter >= value (acquire, gpu scope), backing off between polls (ptx.cuh).
 __device__ __forceinline__ void counter_wait_at_least(const u32* counter, u32 value) {
-    constexpr unsigned kMaxSleepNs = 256;
-    unsigned sleep_ns = 8;
-    while (ld_acquire_gpu(counter) < value) {
-        __nanosleep(sleep_ns);
-        sleep_ns = sleep_ns < kMaxSleepNs ? 2 * sleep_ns : kMaxSleepNs;
-    }
+    Backoff backoff;
+    while (ld_acquire_gpu(counter) < value) backoff.sleep();
 }
 
 template <class Cfg>

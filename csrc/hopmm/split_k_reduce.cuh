@@ -47,34 +47,10 @@ __device__ __forceinline__ void fence_proxy_async_global() {
     asm volatile("fence.proxy.async.global;" ::: "memory");
 }
 
-__device__ __forceinline__ u32 ld_acquire_gpu(const u32* p) {
-    u32 v;
-    asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-    return v;
-}
-
-__device__ __forceinline__ void st_release_gpu(u32* p, u32 v) {
-    asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ void st_relaxed_gpu(u32* p, u32 v) {
-    asm volatile("st.relaxed.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-// Two floats from global memory, cached in L2 only (never a stale L1 line).
-__device__ __forceinline__ void ld_global_cg_f32x2(const float* p, float& x, float& y) {
-    asm volatile("ld.global.cg.v2.f32 {%0, %1}, [%2];" : "=f"(x), "=f"(y) : "l"(p) : "memory");
-}
-
-// Polls until *sem == value (acquire, gpu scope). Backoff doubles up to kMaxSleepNs, small
-// enough that the hand-off latency stays well under the time of one bulk reduce.
+// Polls until *sem == value (acquire, gpu scope), backing off between polls (ptx.cuh).
 __device__ __forceinline__ void semaphore_wait(const u32* sem, u32 value) {
-    constexpr unsigned kMaxSleepNs = 256;
-    unsigned sleep_ns = 8;
-    while (ld_acquire_gpu(sem) != value) {
-        __nanosleep(sleep_ns);
-        sleep_ns = sleep_ns < kMaxSleepNs ? 2 * sleep_ns : kMaxSleepNs;
-    }
+    Backoff backoff;
+    while (ld_acquire_gpu(sem) != value) backoff.sleep();
 }
 
 // ---- epilogue ----------------------------------------------------------------------------
