@@ -5,7 +5,9 @@
 Cases: bias + relu and bias + gelu (hopmm.matmul(bias=, activation=) against torch's
 `relu(addmm(bias, a, b))` and `F.gelu(F.linear(a, w, bias))`, and against cupy.matmul followed
 by CuPy elementwise work), alpha/beta with c (against torch's `addmm(c, a, b, beta=, alpha=)`
-and CuPy). Contestants run interleaved round by round in a fresh order each round, on rotating
+and CuPy), hopmm.swiglu (against torch's `F.silu(a @ g) * (a @ u)`) and matmul_shared_a with
+two Bs (against two torch.matmul calls), each both composed (hopmm's default) and on its
+one-kernel schedule ("1-kernel": use_schedule's choice for the call). Contestants run interleaved round by round in a fresh order each round, on rotating
 input sets that exceed L2 (hopmm.timing, bench.py's input-set rule); the table gives median
 microseconds and the speedup of hopmm over each baseline, and comes last. Each result is
 checked against an fp32 reference before timing.
@@ -23,6 +25,10 @@ import bench  # noqa: E402
 BIAS_SHAPES = [(8192, 8192, 8192), (4096, 4096, 4096), (4096, 14336, 4096)]
 C_SHAPES = [(4096, 4096, 4096), (8192, 8192, 1024)]
 QUICK_SHAPES = [(4096, 4096, 4096)]
+SWIGLU_SHAPES = [(4096, 14336, 4096), (16, 14336, 4096)]
+SHARED_A_SHAPES = [(4096, 14336, 4096), (256, 14336, 4096)]
+# Cases of two Bs (their input sets hold a, b and a second B in place of bias).
+DUAL_CASES = ("swiglu", "shared_a x2")
 ROUNDS = 7
 WARMUP_S = 0.5
 ALPHA, BETA = 0.5, 2.0
@@ -30,12 +36,15 @@ ALPHA, BETA = 0.5, 2.0
 TOLERANCE = {"bf16": 2e-2, "fp16": 5e-3}
 
 
-def _inputs(cp, torch, m, n, k, dt, sets):
+def _inputs(cp, torch, m, n, k, dt, sets, dual=False):
+    """Input sets (a, b, bias, c, and their torch views); with `dual`, a second B (k x n) in
+    place of bias."""
     out = []
     for _ in range(sets):
         a = cp.random.standard_normal((m, k), dtype=cp.float32).astype(dt)
         b = cp.random.standard_normal((k, n), dtype=cp.float32).astype(dt)
-        bias = cp.random.standard_normal((n,), dtype=cp.float32).astype(dt)
+        bias = cp.random.standard_normal((k, n) if dual else (n,),
+                                         dtype=cp.float32).astype(dt)
         c = cp.random.standard_normal((m, n), dtype=cp.float32).astype(dt)
         to_t = (lambda x: bench.to_torch(torch, x)) if torch else (lambda x: None)
         # torch's F.linear takes the weight as (n, k): the transposed view of b, no copy.
@@ -79,11 +88,57 @@ def _cases(cp, torch):
              "cupy matmul+ew": lambda a, b, bias, c, *_: ALPHA * cp.matmul(a, b) + BETA * c},
             ref(None, True)),
     }
+    from hopmm import api
+
+    def one_kernel(name, fn):
+        """fn with schedule `name` forced for its call (use_schedule without its clearing of
+        remembered matmul launches, which the shared-A schedules do not use)."""
+        def run(*s):
+            api._schedule_override = name
+            try:
+                return fn(*s)
+            finally:
+                api._schedule_override = None
+        return run
+
+    def swiglu_ref(a, g, u, *_):
+        f32 = [cp.matmul(a.astype(cp.float32), w.astype(cp.float32)) for w in (g, u)]
+        return epilogue.activate(cp, f32[0], "silu") * f32[1]
+
+    def pair_ref(a, b0, b1, *_):
+        return cp.stack([cp.matmul(a.astype(cp.float32), w.astype(cp.float32))
+                         for w in (b0, b1)])
+
+    def swiglu(a, g, u, *_):
+        return hopmm.swiglu(a, g, u)
+
+    def pair(a, b0, b1, *_):
+        return hopmm.matmul_shared_a(a, [b0, b1])
+
+    cases["swiglu"] = (
+        swiglu,
+        {"hopmm 1-kernel": one_kernel("swiglu", swiglu),
+         "torch silu(a@g)*(a@u)": lambda *s: F.silu(s[4] @ s[5]) * (s[4] @ s[7])},
+        swiglu_ref)
+    cases["shared_a x2"] = (
+        pair,
+        {"hopmm 1-kernel": one_kernel("shared_a", pair),
+         "torch 2 x matmul": lambda *s: (torch.matmul(s[4], s[5]), torch.matmul(s[4], s[7]))},
+        pair_ref)
     if torch is None:  # keep the CuPy baselines only
         for _, baselines, _ in cases.values():
             for name in [n for n in baselines if n.startswith("torch")]:
                 del baselines[name]
     return cases
+
+
+def _as_cupy(cp, torch, got):
+    """A result as one cupy array (torch tensors through DLPack, lists stacked)."""
+    if isinstance(got, (list, tuple)):
+        return cp.stack([_as_cupy(cp, torch, x) for x in got])
+    if torch is not None and isinstance(got, torch.Tensor):
+        return cp.from_dlpack(got.float())
+    return got
 
 
 def _rel_err(cp, got, ref) -> float:
@@ -100,21 +155,23 @@ def run(args) -> list[dict]:
     rows = []
     plan = [("bias+relu", s) for s in (QUICK_SHAPES if args.quick else BIAS_SHAPES)] + \
            [("bias+gelu", s) for s in (QUICK_SHAPES if args.quick else BIAS_SHAPES)] + \
-           [("alpha*ab+beta*c", s) for s in (QUICK_SHAPES if args.quick else C_SHAPES)]
+           [("alpha*ab+beta*c", s) for s in (QUICK_SHAPES if args.quick else C_SHAPES)] + \
+           [("swiglu", s) for s in SWIGLU_SHAPES[:1 if args.quick else None]] + \
+           [("shared_a x2", s) for s in SHARED_A_SHAPES[:1 if args.quick else None]]
     for dtype in args.dtypes:
         dt = ctx.cupy_dtype(dtype)
         for case, (m, n, k) in plan:
             sets = bench.input_set_count(m, n, k, ctx.l2_bytes)
-            inputs = _inputs(cp, torch, m, n, k, dt, sets)
+            inputs = _inputs(cp, torch, m, n, k, dt, sets, dual=case in DUAL_CASES)
             fused, baselines, reference = _cases(cp, torch)[case]
             ref = reference(*inputs[0])
-            err = _rel_err(cp, fused(*inputs[0]), ref)
+            err = _rel_err(cp, _as_cupy(cp, torch, fused(*inputs[0])), ref)
             ok = err < TOLERANCE[dtype]
             for name, fn in baselines.items():
-                got = fn(*inputs[0])
-                if torch is not None and isinstance(got, torch.Tensor):
-                    got = cp.from_dlpack(got.float())
+                got = _as_cupy(cp, torch, fn(*inputs[0]))
                 base_err = _rel_err(cp, got, ref)
+                if name.startswith("hopmm"):   # hopmm's other path: as checked as the first
+                    ok = ok and base_err < TOLERANCE[dtype]
                 if not base_err < 4 * TOLERANCE[dtype]:
                     print(f"warning: {name} {case} {m}x{n}x{k} {dtype}: rel err {base_err:.2e}")
             contestants = {"hopmm": fused, **baselines}

@@ -101,6 +101,10 @@ TOOL_SHAPES = {
     "synccheck": ("tile_edge", "one_row", "batch"),
     "initcheck": ("odd_pitch", "short_k", "one_col"),
 }
+# Tools whose runs take one shape each, every run with its own SANITIZER_TIMEOUT_S: under
+# initcheck every poll of the serial split-K's semaphore is instrumented, and three shapes in
+# one run outlasted the timeout (NOTES v0.19).
+SHAPE_BY_SHAPE_TOOLS = ("initcheck",)
 QUICK_TOOL_SHAPES = {
     "memcheck": ("tile_edge", "one_row", "k_split", "odd_pitch", "fused"),
     "racecheck": ("tile_edge",),
@@ -234,8 +238,9 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"unknown items {unknown}; known: {', '.join(ITEMS)}")
     args.items = items
     args.tools = _subset(parser, "--tools", args.tools, TOOLS)
-    from hopmm.schedules import SCHEDULES
-    args.schedules = _subset(parser, "--schedules", args.schedules, tuple(SCHEDULES))
+    from hopmm.schedules import DUAL_B_SCHEDULES, SCHEDULES
+    args.schedules = _subset(parser, "--schedules", args.schedules,
+                             (*SCHEDULES, *DUAL_B_SCHEDULES))
     return args
 
 
@@ -374,10 +379,15 @@ def sanitizer_command(sanitizer: str, tool: str, schedule: str, shapes) -> list:
 
 
 def sanitizer_plan(schedules, quick: bool, tools=TOOLS) -> list:
-    """[(tool, schedule, [shape specs])] of every sanitizer run."""
+    """[(tool, schedule, [shape specs])] of every sanitizer run (one run per shape for the
+    SHAPE_BY_SHAPE_TOOLS)."""
     table = QUICK_TOOL_SHAPES if quick else TOOL_SHAPES
-    return [(tool, schedule, [EDGE_SHAPES[s] for s in table[tool]])
-            for tool in tools for schedule in schedules]
+    plan = []
+    for tool in tools:
+        shapes = [EDGE_SHAPES[s] for s in table[tool]]
+        runs = [[spec] for spec in shapes] if tool in SHAPE_BY_SHAPE_TOOLS else [shapes]
+        plan += [(tool, schedule, run) for schedule in schedules for run in runs]
+    return plan
 
 
 def judge_sanitizer_run(rc: int, output: str) -> tuple[str, str]:
@@ -399,7 +409,7 @@ def judge_sanitizer_run(rc: int, output: str) -> tuple[str, str]:
 
 
 def sanitize(args, results: list) -> None:
-    from hopmm.schedules import SCHEDULES
+    from hopmm.schedules import DUAL_B_SCHEDULES, SCHEDULES
 
     sanitizer, places = find_sanitizer(args.sanitizer)
     if sanitizer is None:
@@ -408,7 +418,8 @@ def sanitize(args, results: list) -> None:
                              + (", ..." if len(places) > 6 else "") + "): install the CUDA "
                              "toolkit's compute-sanitizer or pass --sanitizer PATH"))
         return
-    plan = sanitizer_plan(args.schedules or list(SCHEDULES), args.quick, args.tools or TOOLS)
+    plan = sanitizer_plan(args.schedules or [*SCHEDULES, *DUAL_B_SCHEDULES], args.quick,
+                          args.tools or TOOLS)
 
     def run(job):
         tool, schedule, shapes = job

@@ -7,9 +7,12 @@ hopmm.matmul, each checked against a float32 product computed on the host, or au
 A SHAPE is MxNxK followed by any of ":b<batch>", ":ta" (A stored transposed), ":tb",
 ":pitch" (operands are views with an odd row pitch), ":fp16" (else bfloat16), ":fused"
 (through the fused epilogue: FUSED_ACTIVATION(FUSED_ALPHA * a @ b + FUSED_BETA * c + bias),
-bias of shape (N,), c of the result's shape, against the same chain on the host). The last line
-printed is a JSON summary: cases checked, failures, the compiles this process ran and the
-kernels it holds. Exit status 1 if any product was wrong.
+bias of shape (N,), c of the result's shape, against the same chain on the host). With a
+shared-A schedule forced (shared_a, swiglu), each case is that function's call on a second B
+of B's shape (N rounded up to whole 16-byte rows, which its kernel stores), ":fused" applying
+FUSED_ACTIVATION to shared_a's products. The last line printed is a JSON summary: cases
+checked, failures, the compiles this process ran and the kernels it holds. Exit status 1 if
+any product was wrong.
 """
 from __future__ import annotations
 
@@ -115,11 +118,47 @@ def ran_schedule(a, b) -> str | None:
                  if line.startswith(prefix)), None)
 
 
+# Elements of a 16-byte row: the shared-A kernels store only such rows (hopmm/shared_a.py).
+ROW_ALIGN_ELEMS = 8
+
+
+def check_shared_a(case: Case, rng, schedule: str) -> float:
+    """The relative error of hopmm.swiglu or hopmm.matmul_shared_a (both products) on the
+    forced one-kernel path; ValueError where that path was not taken."""
+    import numpy
+
+    import hopmm
+    from hopmm import api, shared_a
+    from hopmm.schedules import DUAL_B_SCHEDULES
+
+    n = case.n + (-case.n) % ROW_ALIGN_ELEMS
+    a = operand(rng, case.m, case.k, case.batch, case.trans_a, case.odd_pitch, case.dtype)
+    b0, b1 = (operand(rng, case.k, n, case.batch, case.trans_b, case.odd_pitch, case.dtype)
+              for _ in range(2))
+    activation = FUSED_ACTIVATION if case.fused and schedule == "shared_a" else None
+    plans = [api.plan(a, b, activation=activation) for b in (b0, b1)]
+    checked = shared_a._Checked(plans, activation, [None, None])
+    if not shared_a._one_kernel(DUAL_B_SCHEDULES[schedule], a, b0, b1, checked, 0):
+        raise ValueError(f"{schedule}'s one-kernel path does not take this case")
+    host_a, host_b0, host_b1 = (x.astype("float32").get() for x in (a, b0, b1))
+    p0, p1 = numpy.matmul(host_a, host_b0), numpy.matmul(host_a, host_b1)
+    if schedule == "swiglu":
+        got = hopmm.swiglu(a, b0, b1).astype("float32").get()
+        return rel_err(got, p0 / (1 + numpy.exp(-p0)) * p1)
+    got = numpy.stack([y.astype("float32").get()
+                       for y in hopmm.matmul_shared_a(a, [b0, b1], activation=activation)])
+    ref = numpy.stack([p0, p1])
+    return rel_err(got, numpy.maximum(ref, 0.0) if activation else ref)
+
+
 def check(case: Case, rng, schedule: str | None) -> float:
     """The relative error of hopmm's product; ValueError where a forced schedule did not
     run."""
     import hopmm
+    from hopmm.schedules import DUAL_B_SCHEDULES
 
+    if schedule in DUAL_B_SCHEDULES:
+        return check_shared_a(case, rng, schedule)
     a = operand(rng, case.m, case.k, case.batch, case.trans_a, case.odd_pitch, case.dtype)
     b = operand(rng, case.k, case.n, case.batch, case.trans_b, case.odd_pitch, case.dtype)
     if schedule is not None and ran_schedule(a, b) != schedule:

@@ -314,7 +314,8 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 // __cluster_dims__); (1, 1, 1) launches without one. It needs cuLaunchKernelEx.
 class KernelLaunch {
   public:
-    static constexpr size_t kMaxMaps = 4;
+    // A, B and C; split-K's workspace or the shared-A kernel's second B and C.
+    static constexpr size_t kMaxMaps = 5;
     static constexpr size_t kMaxPointers = 4;
     // The raster's 10 integers and a fused epilogue's 9 (extents, strides, alpha and beta
     // as fp32 bits), with room to spare.
@@ -340,7 +341,9 @@ class KernelLaunch {
             }
         }
         n_maps_ = map_templates.size();
-        if (n_maps_ > kMaxMaps) throw py::value_error("at most 4 tensor maps");
+        if (n_maps_ > kMaxMaps) {
+            throw py::value_error("at most " + std::to_string(kMaxMaps) + " tensor maps");
+        }
         for (size_t i = 0; i < n_maps_; ++i) {
             // (data_type, dims, strides_bytes, box, swizzle, l2_promotion, oob_fill)
             const py::sequence t = map_templates[i].cast<py::sequence>();

@@ -16,7 +16,8 @@ STRICT_ENV = "HOPMM_STRICT"
 SCHEDULE_ENV = "HOPMM_SCHEDULE"
 
 # A schedule forced by the user (use_schedule or HOPMM_SCHEDULE, read at import), else the
-# heuristic's choice.
+# heuristic's choice. A shared-A schedule (matmul_shared_a, swiglu) is forced for those calls
+# only; matmul keeps the heuristic's choice (_matmul_override).
 _schedule_override = None
 
 
@@ -40,8 +41,17 @@ class KernelCall(operands.KernelOperands):
     choice: heuristics.Choice = field(kw_only=True)  # after the operands' defaulted fields
 
 
+def _matmul_override() -> str | None:
+    """The schedule forced on matmul's kernel calls, if any."""
+    from .schedules import DUAL_B_SCHEDULES
+
+    return None if _schedule_override in DUAL_B_SCHEDULES else _schedule_override
+
+
 def use_schedule(name: str | None) -> None:
-    """Run every kernel call on schedule `name` (None: let the heuristic choose)."""
+    """Run every kernel call on schedule `name` (None: let the heuristic choose). The
+    shared-A schedules, `shared_a` and `swiglu`, are forced on matmul_shared_a and swiglu
+    calls only."""
     global _schedule_override
     from .schedules import ALL_SCHEDULES
 
@@ -122,7 +132,7 @@ def cupy_matmul_takes(dtype_name: str, batch_shape: tuple) -> bool:
 def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes) -> str | None:
     """heuristics.copy_route_reason for the aligned copies this call would make, unless a
     schedule is forced or HOPMM_STRICT asks for hopmm's kernels."""
-    if _schedule_override or os.environ.get(STRICT_ENV, "") not in ("", "0"):
+    if _matmul_override() or os.environ.get(STRICT_ENV, "") not in ("", "0"):
         return None
     if not cupy_matmul_takes(a.dtype.name, shapes.batch_shape):
         return None
@@ -255,9 +265,10 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None) -> KernelCall:
     # heuristic.
     fused = spec is not None
     reads = fused and (spec.bias or spec.c)
-    choice = ((None if _schedule_override
+    forced = _matmul_override()
+    choice = ((None if forced
                else tuning.lookup(ops.problem, dev, epilogue=fused, epilogue_reads=reads))
-              or heuristics.choose(ops.problem, dev, _schedule_override, epilogue=fused,
+              or heuristics.choose(ops.problem, dev, forced, epilogue=fused,
                                    epilogue_reads=reads))
     if fused:
         choice = replace(choice, config=replace(choice.config, epilogue=spec))

@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, ELEM_BYTES, F32_BYTES, MAX_CLUSTER_SPLITS, MIN_STAGES,
-                        SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig,
+from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, MAX_CLUSTER_SPLITS,
+                        MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig,
                         GemvSchedule, KernelConfig, PersistentClusterOverlapSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
                         PersistentSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
@@ -493,6 +493,9 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
     is an error. `epilogue_reads`: that epilogue reads bias or c, which keeps the call off the
     overlap kernels."""
+    if schedule in DUAL_B_SCHEDULES:
+        raise ValueError(f"schedule {schedule!r} computes hopmm.matmul_shared_a and "
+                         f"hopmm.swiglu, not hopmm.matmul; force another schedule for matmul")
     if schedule == GemvSchedule.name:
         if epilogue:
             raise ValueError("gemv has no fused epilogue; force another schedule for calls "
@@ -620,6 +623,21 @@ def _paired_tiles(problem: Problem, device: DeviceInfo, cfg: KernelConfig):
            f"{sched.cluster_size} CTAs share each B tile and load it once (less L2 traffic, "
            f"more work per joule at the power limit)")
     return sched, paired, why
+
+
+def dual_b_choice(schedule, problem: Problem, device: DeviceInfo) -> Choice:
+    """The config of a shared-A schedule (schedules.DUAL_B_SCHEDULES) for `problem`, the
+    product of A with either B: its one tile width with as many stages as fit."""
+    block_n = schedule.block_ns[0]
+    cfg = schedule.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                           device.smem_per_block_optin)
+    if cfg is None:
+        raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
+                           f"per block is too little for {schedule.name}'s stages")
+    group = _raster_group(problem, cfg.block_m)
+    why = (f"{schedule.name} forced: both products of each {cfg.block_m}x{block_n} tile from "
+           f"one A tile per k-block")
+    return Choice(schedule, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
 def _raster_group(problem: Problem, block_m: int) -> int:

@@ -48,11 +48,24 @@ def has_tensor(values) -> bool:
     return tensor is not None and any(isinstance(x, tensor) for x in values)
 
 
+def _flat(values) -> list:
+    """`values` with the items of each list or tuple among them in its place (arguments such
+    as matmul_shared_a's `bs` hold arrays one level down)."""
+    out = []
+    for x in values:
+        if isinstance(x, (list, tuple)):
+            out.extend(x)
+        else:
+            out.append(x)
+    return out
+
+
 def accepts_torch(func):
-    """`func` taking cupy arrays, made to take torch tensors as well (see the module)."""
+    """`func` taking cupy arrays (also in list or tuple arguments), made to take torch
+    tensors as well (see the module)."""
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
-        if has_tensor(args) or has_tensor(kwargs.values()):
+        if has_tensor(_flat(args)) or has_tensor(_flat(kwargs.values())):
             return call_with_tensors(func, args, kwargs)
         return func(*args, **kwargs)
 
@@ -149,7 +162,8 @@ def call_with_tensors(func, args: tuple, kwargs: dict, after=None):
 
     torch = sys.modules["torch"]
     fname = f"hopmm.{func.__name__}"
-    named = list(zip(_positional_names(func, len(args)), args)) + list(kwargs.items())
+    named = _named_items(list(zip(_positional_names(func, len(args)), args))
+                         + list(kwargs.items()))
     tensors = [(name, x) for name, x in named if isinstance(x, torch.Tensor)]
     for name, x in named:
         if isinstance(x, cupy.ndarray):
@@ -174,6 +188,8 @@ def call_with_tensors(func, args: tuple, kwargs: dict, after=None):
         views = {}   # id of a cupy view -> the tensor it views
 
         def to_cupy(x):
+            if isinstance(x, (list, tuple)):
+                return type(x)(to_cupy(item) for item in x)
             if not isinstance(x, torch.Tensor):
                 return x
             view = tensor_to_cupy(x.detach() if x.requires_grad else x, torch, cupy)
@@ -186,6 +202,18 @@ def call_with_tensors(func, args: tuple, kwargs: dict, after=None):
         if after is not None:
             after(cupy_args, cupy_kwargs, result)
         return _to_torch(result, views, torch, cupy)
+
+
+def _named_items(named: list) -> list:
+    """(name, value) of every argument, the items of a list or tuple argument as
+    `name[i]`."""
+    out = []
+    for name, x in named:
+        if isinstance(x, (list, tuple)):
+            out.extend((f"{name}[{i}]", item) for i, item in enumerate(x))
+        else:
+            out.append((name, x))
+    return out
 
 
 def tensor_to_cupy(x, torch, cupy):

@@ -327,6 +327,10 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
               else matrix_spec(b3, "rows", b_rows))
     spec_c = matrix_spec(c3, "cols", sched.c_box_rows)
     templates = [_map_template(spec) for spec in (spec_a, spec_b, spec_c)]
+    if sched.b_operands == 2:
+        # The second B (and the second C of a pair of outputs) has the shape and strides of
+        # the first: the same maps at other addresses, given after C's at each launch.
+        templates += [templates[1]] + [templates[2]] * (sched.outputs - 1)
     tiles_m, tiles_n = sched.tiles(problem, cfg)
     sm_count = query(device_id).sm_count
     programmatic = programmatic_launch()
@@ -356,7 +360,8 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
 
 
 def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int, *epilogue_ptrs) -> None:
-    """Every launch on the current stream; `epilogue_ptrs` (bias, c) for fused kernels."""
+    """Every launch on the current stream; `epilogue_ptrs`: the second B and C of the
+    shared-A kernels, then (bias, c) for fused kernels."""
     import cupy
 
     stream = cupy.cuda.get_current_stream().ptr

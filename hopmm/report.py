@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from . import compile as compiler
 from . import sass
 from .device import DeviceInfo
-from .schedules import SCHEDULES
+from .schedules import DUAL_B_SCHEDULES, SCHEDULES
 
 # A cluster kernel meets its peers twice: after the mbarrier init and before exit.
 CLUSTER_BARRIERS = 2
@@ -36,8 +36,10 @@ class KernelCheck:
 
 
 def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
-    """Every registered (schedule, config) that fits the device's shared memory."""
-    return [(schedule, cfg) for schedule in SCHEDULES.values()
+    """Every registered (schedule, config) that fits the device's shared memory: matmul's
+    and the shared-A kernels'."""
+    return [(schedule, cfg)
+            for schedule in (*SCHEDULES.values(), *DUAL_B_SCHEDULES.values())
             for cfg in schedule.configs(device.smem_per_block_optin)]
 
 

@@ -152,6 +152,8 @@ class WarpSpecializedSchedule:
     # Whether the epilogue stores accumulator fragments (stmatrix) rather than rows it added
     # up from fp32 partials (st.shared: the parallel and cluster split-K reductions).
     fragment_epilogue = True
+    # B tiles per stage: 2 where two products share A (SharedASchedule).
+    b_operands = 1
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -160,14 +162,14 @@ class WarpSpecializedSchedule:
 
     # -- shared-memory plan (mirrors TileShape in tile_config.cuh; the kernel static_asserts
     #    that both agree) --
-    @staticmethod
-    def stage_bytes(cfg: KernelConfig) -> int:
-        return (cfg.block_m + cfg.block_n) * cfg.block_k * ELEM_BYTES
+    @classmethod
+    def stage_bytes(cls, cfg: KernelConfig) -> int:
+        return (cfg.block_m + cls.b_operands * cfg.block_n) * cfg.block_k * ELEM_BYTES
 
-    @staticmethod
-    def stage_load_bytes(cfg: KernelConfig) -> int:
-        """Bytes TMA brings into one stage: the A rows it loads and the B tile."""
-        return (cfg.a_load_rows + cfg.block_n) * cfg.block_k * ELEM_BYTES
+    @classmethod
+    def stage_load_bytes(cls, cfg: KernelConfig) -> int:
+        """Bytes TMA brings into one stage: the A rows it loads and the B tile(s)."""
+        return (cfg.a_load_rows + cls.b_operands * cfg.block_n) * cfg.block_k * ELEM_BYTES
 
     @classmethod
     def c_boxes(cls, cfg: KernelConfig) -> int:
@@ -288,8 +290,10 @@ class WarpSpecializedSchedule:
             "kEpilogueFetchesBoxes": cls.epilogue_fetches_boxes(cfg),
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
             "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
+            "kBOperands": cls.b_operands,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
             **EpilogueSpec.config_fields(cfg.epilogue),
+            **cls.own_config_fields(),
         }
         fused = cfg.epilogue is not None
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
@@ -299,6 +303,11 @@ class WarpSpecializedSchedule:
                                          EPILOGUE_PARAMS=epilogue_mod.POINTER_PARAMS * fused,
                                          EPILOGUE_SCALARS=epilogue_mod.SCALAR_PARAMS * fused,
                                          EPILOGUE_ARGS=epilogue_mod.CALL_ARGS * fused))
+
+    @classmethod
+    def own_config_fields(cls) -> dict:
+        """Config fields only this schedule's skeleton reads."""
+        return {}
 
     @classmethod
     def launch_pointers(cls, cfg: KernelConfig) -> int:
@@ -685,6 +694,65 @@ SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
                                  SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)}
 
 
+# ---- two products that share A in one kernel (kernel_dual_b.cuh) ---------------------------
+
+class SharedASchedule(PersistentSchedule):
+    """C0 = A @ B0 and C1 = A @ B1 in one persistent kernel (seed 000): each stage holds the A
+    tile and both B tiles of a k-block, each consumer issues one wgmma per B against the same
+    A descriptor into two 64 x 128 accumulator sets (128 of its 232 registers), both in one
+    commit group, flushes once, and stores each set through the fused chain into its own
+    output. A is read from L2 once for both products. Computes hopmm.matmul_shared_a, not
+    hopmm.matmul."""
+
+    name = "shared_a"
+    skeleton = "kernel_dual_b.cuh"
+    slots = dict(PersistentSchedule.slots, SKELETON="hopmm::dual_b_gemm",
+                 CONSUMER="hopmm::DualBWgmmaConsumer")
+    b_operands = 2
+    accumulator_sets = 2
+    # Two 64 x 192 sets (192 registers) leave a consumer too few for its epilogue.
+    block_ns = (128,)
+    # Outputs: C0 and C1 (kDualStorePair), or one (kDualStoreSwiglu).
+    outputs = 2
+    dual_store = 0
+    extra_params = ("\n               const __grid_constant__ hopmm::TensorMap map_b2,"
+                    "\n               const __grid_constant__ hopmm::TensorMap map_c2,")
+    extra_args = " &map_b2, &map_c2,"
+
+    @classmethod
+    def own_config_fields(cls) -> dict:
+        return {"kDualStore": cls.dual_store}
+
+    @classmethod
+    def consumer_roles(cls, cfg: KernelConfig) -> str:
+        return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile of "
+                f"both products, {cls.consumer_rows(cfg)} rows each, one accumulator set per B")
+
+    @classmethod
+    def smem_note(cls, cfg: KernelConfig) -> str:
+        return f"a stage holds the A tile and both B tiles; {super().smem_note(cfg)}"
+
+
+class SwigluSchedule(SharedASchedule):
+    """The shared-A kernel storing one output, silu(A @ B0) * (A @ B1), computed in fp32 from
+    the two accumulator sets and rounded once (hopmm.swiglu)."""
+
+    name = "swiglu"
+    outputs = 1
+    dual_store = 1
+    extra_params = "\n               const __grid_constant__ hopmm::TensorMap map_b2,"
+    extra_args = " &map_b2, nullptr,"
+
+    @classmethod
+    def check(cls, cfg: KernelConfig) -> None:
+        if cfg.epilogue is not None:
+            raise ValueError("swiglu: the product silu(gate) * up is its only epilogue")
+        super().check(cfg)
+
+
+# Not hopmm.matmul's schedules: they compute matmul_shared_a and swiglu (hopmm/shared_a.py).
+DUAL_B_SCHEDULES = {s.name: s for s in (SharedASchedule, SwigluSchedule)}
+
 # ---- gemv: a memory stream of B for outputs of very few rows (kernel_gemv.cuh) ----------------
 
 WARP_THREADS = 32
@@ -908,4 +976,4 @@ class GemvSchedule:
 # Schedules that are not TMA/wgmma tile schedules (SCHEDULES holds those); use_schedule
 # accepts every name of ALL_SCHEDULES.
 STREAMING_SCHEDULES = {GemvSchedule.name: GemvSchedule}
-ALL_SCHEDULES = {**SCHEDULES, **STREAMING_SCHEDULES}
+ALL_SCHEDULES = {**SCHEDULES, **STREAMING_SCHEDULES, **DUAL_B_SCHEDULES}

@@ -26,11 +26,11 @@ def test_python_scalars_are_type_errors_like_cupy(scalar):
 def test_main_job_cpu_report_lists_every_kernel(capsys, kernel_matrix):
     from hopmm.__main__ import main
     from hopmm.device import H100_SXM
-    from hopmm.schedules import SCHEDULES
+    from hopmm.schedules import DUAL_B_SCHEDULES, SCHEDULES
 
     assert main(["--cpu"]) == 0
     out = capsys.readouterr().out
-    for sched in SCHEDULES.values():
+    for sched in (*SCHEDULES.values(), *DUAL_B_SCHEDULES.values()):
         for cfg in sched.configs(H100_SXM.smem_per_block_optin):
             assert sched.kernel_name(cfg) in out
 

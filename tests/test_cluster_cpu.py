@@ -59,7 +59,8 @@ def test_barrier_protocol_in_the_source():
     src = Cluster.render(CONFIGS[0]).source
     producer = _body(src, "struct MulticastTmaProducer", "};\n\n}  // namespace hopmm")
     assert "mbar_arrive_expect_tx(smem.full_bar(s), S::kStageBytes);" in producer
-    assert "kStageBytes = kABytes + kBBytes;" in src  # own A plus the whole shared B tile
+    # own A plus the whole shared B tile (one: clusters multicast a single B)
+    assert "kStageBytes = kABytes + kBOperands * kBBytes;" in src and "kBOperands = 1;" in src
     assert "mbar_init(smem.empty_bar(s), S::kEmptyArrivals);" in src
     assert "kEmptyArrivals = kStageReaders * kClusterSize;" in src
     release = _body(src, "void release_stage(", "\n}\n")

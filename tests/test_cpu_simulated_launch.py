@@ -65,12 +65,28 @@ def _fake_cupy():
     m.float32, m.float64 = np.float32, np.float64
     m.maximum, m.exp, m.tanh = np.maximum, np.exp, np.tanh
     m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
+    m.ElementwiseKernel = _FakeElementwiseKernel
     m.cuda = types.SimpleNamespace(
         Device=_Device,
         runtime=types.SimpleNamespace(getDevice=lambda: 0, memcpy2DAsync=_memcpy_2d,
                                       memcpyDeviceToDevice=_DEVICE_TO_DEVICE),
         get_current_stream=lambda: types.SimpleNamespace(ptr=0))
     return m
+
+
+class _FakeElementwiseKernel:
+    """cupy.ElementwiseKernel for the one hopmm makes (swiglu's composed product): its
+    operation is checked, and computed in fp32, rounded once."""
+
+    def __init__(self, in_params, out_params, operation, name):
+        from hopmm.shared_a import GATED_PRODUCT
+
+        assert (in_params, out_params, operation) == ("T gate, T up", "T y", GATED_PRODUCT)
+
+    def __call__(self, gate, up):
+        assert gate.dtype == up.dtype and gate.shape == up.shape
+        return fake((np.asarray(gate, np.float32) * np.asarray(up, np.float32))
+                    .astype(gate.dtype))
 
 
 _DEVICE_TO_DEVICE = 3  # cudaMemcpyKind
@@ -172,6 +188,9 @@ class SimulatedLaunch:
         assert len(extra) == self.pointers + len(self.templates) - 3
         if self.epilogue_spec is not None:
             self.epilogue_ptrs, extra = extra[-2:], extra[:-2]
+        name = next(x for x, h in _KERNEL_NAMES.items() if h == self.function)
+        if name.startswith(("hopmm_shared_a_", "hopmm_swiglu_")):
+            return self._dual_b(name, a_ptr, b_ptr, c_ptr, *extra)
         if len(self.templates) == 4 and self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:
             return self._split_k_parallel(stream, a_ptr, b_ptr, c_ptr, *extra)
         if len(self.templates) == 4:
@@ -194,6 +213,33 @@ class SimulatedLaunch:
             am = a[za] if a_k_major else a[za].T          # (m, k)
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
             c[z] = self._final(am.astype(np.float32) @ bm.astype(np.float32), z, dt)
+
+    def _dual_b(self, name, a_ptr, b_ptr, c_ptr, *extra):
+        """The shared-A kernels (kernel_dual_b.cuh): the second B (and C) through copies of
+        the first one's maps at the addresses after C's; swiglu stores silu(A @ B0) *
+        (A @ B1) from the fp32 products, rounded once."""
+        swiglu = name.startswith("hopmm_swiglu_")
+        assert len(self.templates) == (4 if swiglu else 5)
+        assert self.pointers == (0 if self.epilogue_spec is None else 2)
+        assert self.templates[3] == self.templates[1]
+        assert swiglu or self.templates[4] == self.templates[2]
+        assert len(extra) == (1 if swiglu else 2)
+        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, *_), (_, c_dims, c_str, *_) = \
+            self.templates[:3]
+        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
+        a = _view(a_ptr, a_dims, a_str, dt)
+        b0, b1 = (_view(p, b_dims, b_str, dt) for p in (b_ptr, extra[0]))
+        cs = [_view(p, c_dims, c_str, dt) for p in (c_ptr,) + extra[1:]]
+        for z in range(self.z0, self.z0 + self.count):
+            za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
+            am = (a[za] if self.a_k_major else a[za].T).astype(np.float32)
+            p0, p1 = (am @ (b[zb] if self.b_n_major else b[zb].T).astype(np.float32)
+                      for b in (b0, b1))
+            if swiglu:
+                assert self.epilogue_spec is None
+                cs[0][z] = (epilogue.activate(np, p0, "silu") * p1).astype(dt)
+            else:
+                cs[0][z], cs[1][z] = self._final(p0, z, dt), self._final(p1, z, dt)
 
     def _final(self, acc, z, dt):
         """The fp32 tile values of batch slice z through the kernel's fused epilogue (read

@@ -213,3 +213,36 @@ def test_the_raw_stream_accessor_is_used_where_torch_has_one():
     assert interop._raw_stream(fake, 1) == 42 and calls == [1]
     del fake._C._cuda_getCurrentRawStream
     assert interop._raw_stream(fake, 1) == 7
+
+
+def test_shared_a_functions_name_the_tensor_inside_a_list():
+    """matmul_shared_a's `bs` and `bias` hold arrays one level down: a CPU tensor or a cupy
+    array among torch tensors there is named by its index."""
+    a = torch.ones(2, 3)
+    with pytest.raises(TypeError, match=r"hopmm.matmul_shared_a: a is a torch tensor on cpu"):
+        hopmm.matmul_shared_a(a, [torch.ones(3, 4)])
+    with pytest.raises(TypeError, match=r"bs\[1\] is a torch tensor on cpu"):
+        hopmm.matmul_shared_a(2.0, [3.0, torch.ones(3, 4)])
+    with pytest.raises(TypeError, match=r"bs\[0\] is a cupy.ndarray but a is a torch.Tensor"):
+        hopmm.matmul_shared_a(a, (_host_cupy((3, 4)),))
+    with pytest.raises(TypeError, match=r"bias\[0\] is a torch tensor on cpu"):
+        hopmm.matmul_shared_a(2.0, [3.0], bias=[torch.ones(4)])
+    with pytest.raises(TypeError, match="hopmm.swiglu: w_up is a torch tensor on cpu"):
+        hopmm.swiglu(2.0, 3.0, torch.ones(3, 4))
+
+
+def test_tensors_in_a_list_argument_are_converted(fake_cuda_torch):
+    import cupy
+
+    seen = {}
+
+    @interop.accepts_torch
+    def several(a, bs):
+        seen.update(a=a, bs=bs)
+        return [_host_cupy((1,)) for _ in bs]
+
+    result = several(_FakeTensor(0), (_FakeTensor(0), _FakeTensor(0)))
+    assert isinstance(seen["bs"], tuple) and len(seen["bs"]) == 2
+    assert all(isinstance(x, cupy.ndarray) for x in (seen["a"], *seen["bs"]))
+    # A list of new cupy results comes back as a list of torch views.
+    assert isinstance(result, list) and all(r[0] == "torch view" for r in result)

@@ -83,6 +83,12 @@ def test_sanitizer_plan_covers_every_tool_and_schedule_on_edge_shapes(quick):
     for _, _, shapes in plan:
         for spec in shapes:
             assert driver.Case.parse(spec).spec() == spec
+    # initcheck runs one shape at a time, each run with its own timeout, every shape covered.
+    table = rel.QUICK_TOOL_SHAPES if quick else rel.TOOL_SHAPES
+    for schedule in SCHEDULES:
+        init = [shapes for tool, s, shapes in plan if tool == "initcheck" and s == schedule]
+        assert all(len(shapes) == 1 for shapes in init)
+        assert sorted(s for (s,) in init) == sorted(rel.EDGE_SHAPES[x] for x in table["initcheck"])
 
 
 def test_edge_shapes_hold_the_edges_they_are_named_for():
@@ -223,11 +229,12 @@ def test_only_initchecks_blind_spot_on_the_workspace_is_known(tool, schedule, de
 
 
 def test_sanitize_can_be_narrowed_to_tools_and_schedules(capsys):
-    args = rel.parse_args(["--tools", "initcheck", "--schedules", "split_k, persistent"])
-    assert args.tools == ["initcheck"] and args.schedules == ["split_k", "persistent"]
+    args = rel.parse_args(["--tools", "initcheck", "--schedules", "split_k, swiglu"])
+    assert args.tools == ["initcheck"] and args.schedules == ["split_k", "swiglu"]
     plan = rel.sanitizer_plan(args.schedules, False, args.tools)
-    assert [(tool, schedule) for tool, schedule, _ in plan] == [("initcheck", "split_k"),
-                                                               ("initcheck", "persistent")]
+    shapes = len(rel.TOOL_SHAPES["initcheck"])
+    assert [(tool, schedule) for tool, schedule, _ in plan] == (
+        [("initcheck", "split_k")] * shapes + [("initcheck", "swiglu")] * shapes)
     assert rel.parse_args([]).tools is None and rel.parse_args([]).schedules is None
     for argv in (["--tools", "memcheck,nope"], ["--schedules", "nope"], ["--tools", ","]):
         with pytest.raises(SystemExit):

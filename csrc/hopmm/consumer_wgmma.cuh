@@ -17,6 +17,11 @@ struct NoTurns {
     __device__ __forceinline__ void pass() const {}
 };
 
+template <class Cfg, class Consumer, class Turns>
+__device__ __forceinline__ void wgmma_k_blocks(Consumer& state, const SharedStorage<Cfg>& smem,
+                                               int consumer, int num_k_blocks, int& ring,
+                                               bool leader, const Turns& turns);
+
 template <class Cfg>
 struct WgmmaConsumer {
     typedef TileShape<Cfg> S;
@@ -27,11 +32,11 @@ struct WgmmaConsumer {
     float acc[S::kRowBlocks][kAccRegs];
 
     // `row0`: the first A-tile row the wgmma reads (a multiple of 64).
-    __device__ __forceinline__ u64 desc_a(u32 tile, int row0, int kk) const {
+    __device__ __forceinline__ static u64 desc_a(u32 tile, int row0, int kk) {
         return Cfg::kTransA ? desc_mn_major<S::kBlockK>(tile, row0 / kTmaBoxElems, kk)
                             : desc_k_major(tile, row0, kk);
     }
-    __device__ __forceinline__ u64 desc_b(u32 tile, int kk) const {
+    __device__ __forceinline__ static u64 desc_b(u32 tile, int kk) {
         return Cfg::kTransB ? desc_mn_major<S::kBlockK>(tile, 0, kk) : desc_k_major(tile, 0, kk);
     }
 
@@ -76,23 +81,34 @@ struct WgmmaConsumer {
     __device__ __forceinline__ void mainloop(const SharedStorage<Cfg>& smem, int consumer,
                                              int num_k_blocks, int& ring, bool leader,
                                              const Turns& turns) {
-        const int row0 = S::consumer_row0(consumer);
-        int prev_stage = -1;
-        turns.wait();
-        for (int kb = 0; kb < num_k_blocks; ++kb, ++ring) {
-            const int s = wait_full(smem, ring);
-            issue(smem, s, row0, kb == 0);
-            wgmma_wait_group<1>();
-            settle();
-            // Only the group of the previous k-block is known complete: release its stage.
-            if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
-            prev_stage = s;
-        }
-        turns.pass();
-        wgmma_wait_group<0>();
-        settle();
-        if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
+        wgmma_k_blocks<Cfg>(*this, smem, consumer, num_k_blocks, ring, leader, turns);
     }
 };
+
+// The main loop of a tile for any consumer whose issue(smem, s, row0, first_of_tile) commits
+// one k-block's wgmmas as one group and whose settle() fences its accumulators
+// (WgmmaConsumer, DualBWgmmaConsumer in kernel_dual_b.cuh).
+template <class Cfg, class Consumer, class Turns>
+__device__ __forceinline__ void wgmma_k_blocks(Consumer& state, const SharedStorage<Cfg>& smem,
+                                               int consumer, int num_k_blocks, int& ring,
+                                               bool leader, const Turns& turns) {
+    typedef TileShape<Cfg> S;
+    const int row0 = S::consumer_row0(consumer);
+    int prev_stage = -1;
+    turns.wait();
+    for (int kb = 0; kb < num_k_blocks; ++kb, ++ring) {
+        const int s = WgmmaConsumer<Cfg>::wait_full(smem, ring);
+        state.issue(smem, s, row0, kb == 0);
+        wgmma_wait_group<1>();
+        state.settle();
+        // Only the group of the previous k-block is known complete: release its stage.
+        if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
+        prev_stage = s;
+    }
+    turns.pass();
+    wgmma_wait_group<0>();
+    state.settle();
+    if (leader && prev_stage >= 0) release_stage(smem, prev_stage);
+}
 
 }  // namespace hopmm

@@ -26,12 +26,13 @@ struct CtaTileWalk {
 };
 
 // The producer warpgroup of a persistent kernel: one thread loads the CTA's tiles in order
-// through the stage ring, limited only by free stages.
+// through the stage ring, limited only by free stages (map_b2: a second B, kernel_dual_b.cuh).
 template <class Cfg, class Producer>
 __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, const TensorMap* map_b,
                                                     const SharedStorage<Cfg>& smem, int thread,
                                                     int num_k_blocks, BatchMap batch_a,
-                                                    BatchMap batch_b, const CtaTileWalk& walk) {
+                                                    BatchMap batch_b, const CtaTileWalk& walk,
+                                                    const TensorMap* map_b2 = nullptr) {
     typedef TileShape<Cfg> S;
     setmaxnreg_dec<kProducerRegs>();
     if (thread != 0) return;
@@ -39,7 +40,7 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
     for (int t = walk.first(); t < walk.end; t += walk.stride()) {
         const TileCoord c = walk.coord(t);
         Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM, c.n_tile * S::kBlockN,
-                            batch_a(c.z), batch_b(c.z), num_k_blocks, ring);
+                            batch_a(c.z), batch_b(c.z), num_k_blocks, ring, 0, map_b2);
     }
     grid_launch_dependents();  // the last load is issued
 }
@@ -47,14 +48,14 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
 // What every persistent skeleton shares: the shared-memory setup, the producer warpgroup's tile
 // walk, and setmaxnreg.inc for the consumers. `consumer_side(smem, consumer, thread,
 // num_k_blocks, walk)` is the skeleton's own part, run by each consumer warpgroup (it ends with
-// Epilogue::finish).
+// Epilogue::finish). `map_b2`: the second B of a stage of two (kernel_dual_b.cuh).
 template <class Cfg, class Producer, class ConsumerSide>
 __device__ __forceinline__ void run_persistent(const TensorMap* map_a, const TensorMap* map_b,
                                                const TensorMap* map_c, int k, int batch_offset,
                                                int batch_count, BatchMap batch_a,
                                                BatchMap batch_b, GroupedRaster raster,
                                                const ConsumerSide& consumer_side,
-    const EpilogueArgs& epilogue) {
+    const EpilogueArgs& epilogue, const TensorMap* map_b2 = nullptr) {
     typedef TileShape<Cfg> S;
     static_assert(Cfg::kOverlapStore, "a persistent kernel overlaps its stores");
     extern __shared__ unsigned char smem_raw[];
@@ -67,7 +68,7 @@ __device__ __forceinline__ void run_persistent(const TensorMap* map_a, const Ten
 
     if (warpgroup == 0) {
         persistent_producer<Cfg, Producer>(map_a, map_b, smem, thread, num_k_blocks, batch_a,
-                                           batch_b, walk);
+                                           batch_b, walk, map_b2);
     } else {
         setmaxnreg_inc<S::kConsumerRegs>();
         consumer_side(smem, warpgroup - 1, thread, num_k_blocks, walk);

@@ -28,11 +28,13 @@ struct TmaProducer {
 
     // `ring` counts k-blocks through the stage ring: stage = ring % kStages, and the parity of
     // that stage's current phase = (ring / kStages) & 1. The tile's k-blocks are
-    // first_k_block .. first_k_block + num_k_blocks - 1 (split-K loads a slice of K).
+    // first_k_block .. first_k_block + num_k_blocks - 1 (split-K loads a slice of K). A stage
+    // of two B tiles (kBOperands = 2) loads the second from map_b2, at the same coordinates.
     __device__ __forceinline__ static void load_tile(const TensorMap* map_a, const TensorMap* map_b,
                                                      const SharedStorage<Cfg>& smem, int m0, int n0,
                                                      int za, int zb, int num_k_blocks, int& ring,
-                                                     int first_k_block = 0) {
+                                                     int first_k_block = 0,
+                                                     const TensorMap* map_b2 = nullptr) {
         for (int kb = first_k_block; kb < first_k_block + num_k_blocks; ++kb, ++ring) {
             const int s = ring % S::kStages;
             const u32 phase = (ring / S::kStages) & 1;
@@ -43,6 +45,9 @@ struct TmaProducer {
             const int k0 = kb * S::kBlockK;
             load_operand<Cfg::kTransA, S::kBlockM>(smem.a_tile(s), map_a, smem.full_bar(s), m0, k0, za);
             load_operand<Cfg::kTransB, S::kBlockN>(smem.b_tile(s), map_b, smem.full_bar(s), n0, k0, zb);
+            if constexpr (S::kBOperands == 2)
+                load_operand<Cfg::kTransB, S::kBlockN>(smem.b_tile(s, 1), map_b2, smem.full_bar(s),
+                                                       n0, k0, zb);
         }
     }
 };

@@ -74,7 +74,12 @@ struct TileShape {
 
     static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
     static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
-    static constexpr u32 kStageBytes = kABytes + kBBytes;
+    // B tiles a stage holds: 1, or 2 where two products share A (kernel_dual_b.cuh); each is
+    // read against the same A tile.
+    static constexpr int kBOperands = Cfg::kBOperands;
+    static_assert(kBOperands == 1 || kBOperands == 2, "one B tile per stage, or two");
+    static_assert(kBOperands == 1 || kClusterSize == 1, "clusters multicast a single B tile");
+    static constexpr u32 kStageBytes = kABytes + kBOperands * kBBytes;
     // Rows of a K-major A tile that TMA loads per stage: all kBlockM, or fewer where the
     // problem has fewer rows (decode: M <= 16). The rows past them keep whatever the stage
     // held; each wgmma output row depends on its own A row only, so those rows of C are
@@ -86,7 +91,7 @@ struct TileShape {
                   "an M-major A tile is loaded in 64-row boxes: trimming is for K-major A");
     static_assert(kARows == kBlockM || kClusterSize == 1, "clusters load whole A tiles");
     // The bytes the producer's TMA loads bring into one stage (its expect_tx).
-    static constexpr u32 kStageLoadBytes = kARows * kBlockK * kElemBytes + kBBytes;
+    static constexpr u32 kStageLoadBytes = kARows * kBlockK * kElemBytes + kBOperands * kBBytes;
     // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
     // rows x 128 bytes, between 1 and the consumer's whole part of the tile (kCBoxesPerConsumer).
     static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;
@@ -109,7 +114,7 @@ struct TileShape {
 
     static constexpr u32 kAOffset = 0;
     static constexpr u32 kBOffset = kAOffset + kStages * kABytes;
-    static constexpr u32 kCOffset = kBOffset + kStages * kBBytes;
+    static constexpr u32 kCOffset = kBOffset + kStages * kBOperands * kBBytes;
     static constexpr u32 kBarrierOffset = kCOffset + kConsumers * kCBytesPerConsumer;
     static constexpr u32 kBarrierBytes = 2 * kStages * sizeof(u64);
     // The dynamic allocation is padded so the base can be rounded up to kSmemAlign.
@@ -134,7 +139,10 @@ struct SharedStorage {
     EpilogueArgs epilogue;
 
     __device__ __forceinline__ unsigned char* a_tile(int s) const { return base + S::kAOffset + s * S::kABytes; }
-    __device__ __forceinline__ unsigned char* b_tile(int s) const { return base + S::kBOffset + s * S::kBBytes; }
+    // B tile `operand` (< kBOperands) of stage s.
+    __device__ __forceinline__ unsigned char* b_tile(int s, int operand = 0) const {
+        return base + S::kBOffset + (s * S::kBOperands + operand) * S::kBBytes;
+    }
     // A consumer's epilogue memory: its staging ring (or split-K's fp32 partial).
     __device__ __forceinline__ unsigned char* c_tile(int consumer) const {
         return base + S::kCOffset + consumer * S::kCBytesPerConsumer;

@@ -1,0 +1,174 @@
+"""Several products of one A: `matmul_shared_a(a, bs)` = [a @ b for b in bs], and
+`swiglu(a, w_gate, w_up)` = silu(a @ w_gate) * (a @ w_up), an LLM MLP's gate and up
+projections.
+
+Two paths compute them:
+- composed (the default): one hopmm.matmul per B, its activation and bias fused; swiglu's
+  product of the two 16-bit results in fp32, rounded once more.
+- one kernel (the `shared_a` and `swiglu` schedules, kernel_dual_b.cuh), taken where
+  `use_schedule` names that schedule: each A tile loaded once per k-block for two Bs, one
+  wgmma per B in one commit group, one flush before the epilogue; swiglu's silu(gate) * up
+  applied to the fp32 accumulators before its one rounding. It reads two Bs of one shape and
+  layout, with neither bias nor an output that needs an aligned copy; other calls are composed.
+  The heuristic does not pick it by itself until its speed is measured (bench/NOTES.md).
+
+Every argument is validated, for every B, before anything is launched.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, replace
+
+from . import api, device as device_mod, epilogue as epilogue_mod, heuristics, interop, launch
+from . import layout, operands
+from .schedules import SharedASchedule, SwigluSchedule
+
+
+@dataclass
+class _Checked:
+    """A validated call: each product's plan (api.Plan), the activation and the biases."""
+    plans: list
+    activation: str | None
+    biases: list
+
+
+def _sequence(fname: str, name: str, value) -> list:
+    if not isinstance(value, (list, tuple)):
+        raise TypeError(f"{fname}: {name} must be a list or tuple of arrays, got "
+                        f"{type(value).__qualname__}")
+    return list(value)
+
+
+def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _Checked:
+    """api.plan of every product (ValueError / TypeError naming the argument)."""
+    plans = []
+    for b, name, bias in zip(bs, names, biases):
+        try:
+            plans.append(api.plan(a, b, bias=bias, activation=activation))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise type(exc)(f"{fname}: {name}: {exc}") from exc
+    return _Checked(plans, activation, biases)
+
+
+@interop.accepts_torch
+def matmul_shared_a(a, bs, *, bias=None, activation=None) -> list:
+    """[activation(a @ b + bias_i) for b, bias_i in zip(bs, bias)]: several products of one
+    `a` (cupy arrays, or CUDA torch tensors for torch results). `bs`: a list or tuple of
+    operands as hopmm.matmul takes them; `bias`: None, or a sequence with one bias (or None)
+    per B, each of shape (N,) or (M, 1); `activation`: as hopmm.matmul's, for every product.
+    Each result is computed in fp32 and rounded once, as hopmm.matmul's."""
+    fname = "hopmm.matmul_shared_a"
+    bs = _sequence(fname, "bs", bs)
+    if not bs:
+        raise ValueError(f"{fname}: bs is empty; give at least one B")
+    if bias is None:
+        biases = [None] * len(bs)
+    else:
+        biases = _sequence(fname, "bias", bias)
+        if len(biases) != len(bs):
+            raise ValueError(f"{fname}: bias has {len(biases)} entries for {len(bs)} Bs; give "
+                             f"one per B (None where a product has none)")
+    names = [f"bs[{i}]" for i in range(len(bs))]
+    checked = _check(fname, a, bs, names, biases, activation)
+    out = [None] * len(bs)
+    # Pairs of Bs of one shape and layout go through the shared-A kernel where it is forced.
+    i = 0
+    while i < len(bs):
+        if i + 1 < len(bs) and _one_kernel(SharedASchedule, a, bs[i], bs[i + 1], checked, i):
+            out[i], out[i + 1] = _run_dual(SharedASchedule, a, bs[i], bs[i + 1],
+                                           checked.plans[i], activation)
+            i += 2
+            continue
+        out[i] = api.matmul(a, bs[i], bias=biases[i], activation=activation)
+        i += 1
+    return out
+
+
+@interop.accepts_torch
+def swiglu(a, w_gate, w_up):
+    """silu(a @ w_gate) * (a @ w_up), silu(x) = x * sigmoid(x): the gated unit of an LLM MLP
+    (cupy arrays, or CUDA torch tensors for a torch result). `w_gate` and `w_up` have one
+    shape; both products follow hopmm.matmul's rules (batches, vectors, any layout)."""
+    fname = "hopmm.swiglu"
+    checked = _check(fname, a, [w_gate, w_up], ["w_gate", "w_up"], [None, None], None)
+    if getattr(w_gate, "shape", None) != getattr(w_up, "shape", None):
+        raise ValueError(f"{fname}: w_gate has shape {w_gate.shape} and w_up {w_up.shape}; "
+                         f"the gate and up projections must have one shape")
+    if _one_kernel(SwigluSchedule, a, w_gate, w_up, checked, 0):
+        return _run_dual(SwigluSchedule, a, w_gate, w_up, checked.plans[0], None)[0]
+    gate = api.matmul(a, w_gate, activation="silu")
+    up = api.matmul(a, w_up)
+    with gate.device:
+        if gate.dtype.itemsize == 2:   # float16, bfloat16: one pass, the product in fp32
+            return _gated_product()(gate, up)
+        return gate * up
+
+
+# swiglu's composed product of two 16-bit arrays: formed in fp32 and rounded once (CuPy's
+# float16 and bfloat16 convert to and from float).
+GATED_PRODUCT = "y = (T)((float)gate * (float)up)"
+
+
+@functools.lru_cache(maxsize=None)
+def _gated_product():
+    """gate * up of two 16-bit arrays in one elementwise pass (GATED_PRODUCT)."""
+    import cupy
+
+    return cupy.ElementwiseKernel("T gate, T up", "T y", GATED_PRODUCT, "hopmm_gated_product")
+
+
+def _one_kernel(schedule, a, b0, b1, checked: _Checked, first: int) -> bool:
+    """Whether products `first` and `first + 1` run on the forced shared-A `schedule`: both
+    on hopmm's kernels, Bs of one shape, dtype and strides, no bias, and an output the kernel
+    stores in place."""
+    if api._schedule_override != schedule.name:
+        return False
+    p0, p1 = checked.plans[first], checked.plans[first + 1]
+    if p0.path != "kernel" or p1.path != "kernel":
+        return False
+    if checked.biases[first] is not None or checked.biases[first + 1] is not None:
+        return False
+    if (b0.shape, b0.strides, b0.dtype) != (b1.shape, b1.strides, b1.dtype):
+        return False
+    # Of two Bs of one shape and strides, TMA reads both in place or neither (then both are
+    # copied into aligned buffers of one layout): the kernel reads them through one map.
+    if (b0.data.ptr % layout.TMA_ALIGN == 0) != (b1.data.ptr % layout.TMA_ALIGN == 0):
+        return False
+    return (p0.shapes.n * a.itemsize) % layout.TMA_ALIGN == 0
+
+
+def _run_dual(schedule, a, b0, b1, p: api.Plan, activation, results=None) -> list:
+    """Both products in one launch of `schedule` (SharedASchedule: two results;
+    SwigluSchedule: one), into new arrays (or `results`, C-contiguous arrays of the output's
+    shape and dtype: the GPU tests' poisoned buffers)."""
+    import cupy
+
+    s = p.shapes
+    with a.device:
+        ops = operands.kernel_operands(a, b0, s)
+        b_view, _ = operands.operand3d(operands.as_matrix_stack(b1, s.b_is_vector, 1),
+                                       s.batch_shape)
+        b13, _ = launch.prepare_operand(b_view)
+        if b13.strides != ops.b3.strides:  # _one_kernel admits only Bs read alike
+            raise RuntimeError(f"{schedule.name}: the two Bs are laid out differently "
+                               f"({ops.b3.strides} and {b13.strides} bytes)")
+        dev = device_mod.query(a.device.id)
+        choice = heuristics.dual_b_choice(schedule, ops.problem, dev)
+        ep = None
+        if activation is not None:
+            ep = epilogue_mod.resolve(s, p.dtype, a.device.id, bias=None,
+                                      activation=activation, alpha=1.0, beta=0.0, c=None)
+            choice = replace(choice, config=replace(choice.config, epilogue=ep.spec))
+        if results is None:
+            results = [cupy.empty(s.out_shape, dtype=p.dtype)
+                       for _ in range(schedule.outputs)]
+        c3s = [r.reshape(s.batch, s.m, s.n) for r in results]
+        launches = launch.build_launches(choice, ops.problem, ops.a3, ops.a_map, ops.b3,
+                                         ops.b_map, c3s[0], ep)
+        extra = [b13.data.ptr] + [c3.data.ptr for c3 in c3s[1:]]
+        launch.launch_all(launches, ops.a3.data.ptr, ops.b3.data.ptr, c3s[0].data.ptr,
+                          *extra, *(ep.pointers() if ep is not None else ()))
+    return results
+
+
+__all__ = ["matmul_shared_a", "swiglu"]

@@ -1,0 +1,258 @@
+"""CPU: matmul_shared_a and swiglu. The shared-A kernels (kernel_dual_b.cuh) render with a
+stage of A and two Bs and compile for sm_90a without spills, both products' wgmmas in one
+group; the arguments are validated (for every B) before anything runs; and whole calls run on
+the simulated GPU of test_cpu_simulated_launch, composed and on the forced one-kernel path,
+whose stand-in reads the second B and C through the maps and addresses the real kernel gets."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import hopmm
+from hopmm import compile as compiler, epilogue, sass
+from hopmm.device import H100_SXM
+from hopmm.epilogue import EpilogueSpec
+from hopmm.schedules import DUAL_B_SCHEDULES, ELEM_BYTES, SwigluSchedule, TMA_BOX_ELEMS
+from test_cpu_simulated_launch import BF16, SimulatedLaunch, fake, rand, simulated_gpu  # noqa: F401
+
+KERNEL_STEPS = TMA_BOX_ELEMS // 16  # wgmma k16 steps of one k-block
+
+
+def _config(sched, dtype="bfloat16", trans_b=False):
+    return next(c for c in sched.configs(H100_SXM.smem_per_block_optin)
+                if c.dtype == dtype and not c.trans_a and c.trans_b == trans_b)
+
+
+@pytest.mark.parametrize("name", sorted(DUAL_B_SCHEDULES))
+def test_a_stage_holds_a_and_both_bs(name):
+    sched = DUAL_B_SCHEDULES[name]
+    cfg = _config(sched)
+    assert sched.stage_bytes(cfg) == (cfg.block_m + 2 * cfg.block_n) * cfg.block_k * ELEM_BYTES
+    assert sched.stage_load_bytes(cfg) == sched.stage_bytes(cfg)
+    assert sched.smem_bytes(cfg) <= H100_SXM.smem_per_block_optin and cfg.stages >= 4
+    src = sched.render(cfg).source
+    assert "kBOperands = 2;" in src and f"kDualStore = {sched.dual_store};" in src
+    # The consumers keep two 64 x 128 sets and still fetch a whole box of operands at once.
+    assert sched.epilogue_fetches_boxes(cfg) and "kAccumulatorSets = 2;" in src
+    # The plain schedules render one B per stage.
+    assert "kBOperands = 1;" in hopmm.schedules.PersistentSchedule.render(
+        replace(cfg, stages=4)).source
+
+
+def test_swiglu_has_no_other_epilogue():
+    with pytest.raises(ValueError, match="swiglu"):
+        SwigluSchedule.render(replace(_config(SwigluSchedule), epilogue=EpilogueSpec("relu")))
+
+
+@pytest.mark.parametrize("name, spec", [("swiglu", None), ("shared_a", None),
+                                        ("shared_a", EpilogueSpec("gelu_tanh")),
+                                        ("shared_a", EpilogueSpec("gelu", bias=True, c=True))])
+def test_one_group_of_wgmmas_per_k_block_and_no_spills(name, spec):
+    sched = DUAL_B_SCHEDULES[name]
+    cfg = replace(_config(sched, "float16", trans_b=True), epilogue=spec)
+    kernel = compiler.compile_kernel(sched.render(cfg))
+    r = kernel.report
+    assert r.spill_stores == r.spill_loads == r.stack_frame == 0, kernel.name
+    assert not any("C7510" in w for w in r.warnings), r.warnings   # no serialized wgmma
+    tool = sass.find_cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
+    listing = sass.disassemble(kernel.cubin_path, tool)
+    hgmma = [line for line in listing.splitlines() if "HGMMA." in line]
+    # One k-block's loop body: an m64n128k16 wgmma per B and k16 step, and a single wait
+    # token (gsb0) on its last: both products in one commit group.
+    assert len(hgmma) == 2 * KERNEL_STEPS
+    assert all("64x128x16.F32" in line for line in hgmma)
+    assert sum("gsb0" in line for line in hgmma) == 1 and "gsb0" in hgmma[-1]
+    assert sass.summarize(kernel.cubin_path, tool).counts["local_memory"] == 0
+
+
+# ---- validation: nothing runs ----
+
+BAD_SHARED_A = {
+    "bs_not_a_list": (lambda a, b: dict(bs=b), TypeError, "bs must be a list"),
+    "bs_empty": (lambda a, b: dict(bs=[]), ValueError, "bs is empty"),
+    "b_shape": (lambda a, b: dict(bs=[b, rand((40, 48))]), ValueError, r"bs\[1\]"),
+    "b_numpy": (lambda a, b: dict(bs=[b, np.ones((32, 48), BF16)]), TypeError, r"bs\[1\]"),
+    "b_dtype": (lambda a, b: dict(bs=[rand((32, 48), np.float16)]), TypeError, "bs\\[0\\]"),
+    "bias_count": (lambda a, b: dict(bs=[b, b], bias=[None]), ValueError,
+                   "bias has 1 entries for 2 Bs"),
+    "bias_not_a_list": (lambda a, b: dict(bs=[b], bias=rand((48,))), TypeError,
+                        "bias must be a list"),
+    "bias_shape": (lambda a, b: dict(bs=[b, b], bias=[None, rand((47,))]), ValueError,
+                   r"bs\[1\]: .*bias has shape"),
+    "activation": (lambda a, b: dict(bs=[b], activation="tanh"), ValueError,
+                   "unknown activation"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_SHARED_A, ids=list(BAD_SHARED_A))
+def test_bad_shared_a_arguments_raise_before_any_launch(simulated_gpu, case):
+    make, error, message = BAD_SHARED_A[case]
+    a, b = rand((64, 32)), rand((32, 48))
+    with pytest.raises(error, match=message):
+        hopmm.matmul_shared_a(a, **make(a, b))
+    assert SimulatedLaunch.launches == 0
+
+
+@pytest.mark.parametrize("w_gate, w_up, error, message", [
+    ((32, 48), (32, 40), ValueError, "one shape"),
+    ((32, 48), (31, 48), ValueError, "w_up"),
+    ((16, 48), (16, 48), ValueError, "w_gate"),
+])
+def test_bad_swiglu_arguments_raise_before_any_launch(simulated_gpu, w_gate, w_up, error,
+                                                      message):
+    with pytest.raises(error, match=message):
+        hopmm.swiglu(rand((64, 32)), rand(w_gate), rand(w_up))
+    assert SimulatedLaunch.launches == 0
+
+
+def test_a_shared_a_schedule_is_forced_on_its_own_calls_only(simulated_gpu):
+    """Forcing shared_a or swiglu leaves matmul to the heuristic (matmul_shared_a's products
+    that its kernel cannot take are matmul calls); the heuristic itself refuses them."""
+    a, b = rand((64, 32)), rand((32, 48))
+    for name in DUAL_B_SCHEDULES:
+        hopmm.use_schedule(name)
+        _close(hopmm.matmul(a, b), _f32(a) @ _f32(b))
+        assert f"schedule: {name}" not in hopmm.explain(a, b)
+        with pytest.raises(ValueError, match="not hopmm.matmul"):
+            hopmm.heuristics.choose(hopmm.Problem(64, 48, 32, 1, "bfloat16"), H100_SXM, name)
+
+
+# ---- whole calls on the simulated GPU ----
+
+def _f32(x):
+    return np.asarray(x, np.float32)
+
+
+def _close(got, ref, tol=2e-2):
+    got = _f32(got)
+    assert got.shape == ref.shape and not np.isnan(got).any()
+    assert np.linalg.norm(got - ref) <= tol * max(np.linalg.norm(ref), 1e-30)
+
+
+def _silu(x):
+    return epilogue.activate(np, x, "silu")
+
+
+LAYOUTS = {
+    "row_major": lambda: (rand((200, 96)), rand((96, 136)), rand((96, 136))),
+    "b_transposed": lambda: (rand((200, 96)), rand((136, 96)).T, rand((136, 96)).T),
+    "a_transposed": lambda: (rand((96, 200)).T, rand((96, 136)), rand((96, 136))),
+    "batched_b_broadcast": lambda: (rand((3, 40, 64)), rand((64, 24)), rand((64, 24))),
+    "vector_a": lambda: (rand((64,)), rand((64, 72)), rand((64, 72))),
+    "both_misaligned": lambda: (rand((64, 64)), rand((64, 130))[:, 1:129],
+                                rand((64, 130))[:, 1:129]),
+}
+
+
+@pytest.mark.parametrize("forced", [False, True])
+@pytest.mark.parametrize("case", LAYOUTS, ids=list(LAYOUTS))
+def test_swiglu(simulated_gpu, case, forced):
+    a, g, u = LAYOUTS[case]()
+    if forced:
+        hopmm.use_schedule("swiglu")
+    y = hopmm.swiglu(a, g, u)
+    _close(y, _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
+    assert y.dtype == BF16
+    # The forced kernel computes both products and their gating in one launch.
+    assert SimulatedLaunch.launches == (1 if forced else 2)
+
+
+@pytest.mark.parametrize("forced", [False, True])
+@pytest.mark.parametrize("case", LAYOUTS, ids=list(LAYOUTS))
+def test_shared_a_pair(simulated_gpu, case, forced):
+    a, b0, b1 = LAYOUTS[case]()
+    if forced:
+        hopmm.use_schedule("shared_a")
+    y0, y1 = hopmm.matmul_shared_a(a, [b0, b1], activation="gelu_tanh")
+    for y, b in ((y0, b0), (y1, b1)):
+        _close(y, epilogue.activate(np, _f32(a) @ _f32(b), "gelu_tanh"))
+    assert SimulatedLaunch.launches == (1 if forced else 2)
+
+
+def test_shared_a_with_three_bs_and_biases(simulated_gpu):
+    """Three Bs: a pair shares one launch where forced, the third runs alone; a bias keeps
+    its product off the shared kernel."""
+    a = rand((100, 64))
+    bs = [rand((64, 48)), rand((64, 48)), rand((64, 48))]
+    biases = [None, None, rand((48,))]
+    hopmm.use_schedule("shared_a")
+    ys = hopmm.matmul_shared_a(a, bs, bias=biases, activation="relu")
+    assert SimulatedLaunch.launches == 2
+    for y, b, bias in zip(ys, bs, biases):
+        acc = _f32(a) @ _f32(b) + (0 if bias is None else _f32(bias))
+        _close(y, np.maximum(acc, 0))
+    SimulatedLaunch.launches = 0
+    hopmm.matmul_shared_a(a, bs[:2], bias=[bs[0][0], None])   # a bias: composed
+    assert SimulatedLaunch.launches == 2
+
+
+def test_bs_of_different_layouts_are_composed(simulated_gpu):
+    a = rand((64, 64))
+    b0, b1 = rand((64, 128)), rand((128, 64)).T
+    hopmm.use_schedule("shared_a")
+    y0, y1 = hopmm.matmul_shared_a(a, (b0, b1))
+    assert SimulatedLaunch.launches == 2
+    _close(y0, _f32(a) @ _f32(b0))
+    _close(y1, _f32(a) @ _f32(b1))
+
+
+def test_one_b_is_one_matmul(simulated_gpu):
+    a, b = rand((64, 32)), rand((32, 48))
+    (y,) = hopmm.matmul_shared_a(a, [b])
+    _close(y, _f32(a) @ _f32(b))
+    assert SimulatedLaunch.launches == 1
+
+
+def _cuda_include() -> str | None:
+    """The CUDA toolkit's include directory (cuda_fp16.h), where one is installed."""
+    import glob
+    import os
+
+    roots = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")]
+    roots += sorted(glob.glob("/usr/local/cuda*"), reverse=True)
+    return next((os.path.join(r, "include") for r in roots
+                 if r and os.path.isfile(os.path.join(r, "include", "cuda_fp16.h"))), None)
+
+
+def test_the_composed_gated_product_compiles_for_cupys_16_bit_types():
+    """swiglu's composed path multiplies through a cupy.ElementwiseKernel: its operation,
+    as CuPy instantiates it for float16, bfloat16 and float32, compiles for sm_90a."""
+    import os
+
+    import cupy
+
+    from hopmm import nvrtc
+    from hopmm.shared_a import GATED_PRODUCT
+
+    cuda_include = _cuda_include()
+    if cuda_include is None:
+        pytest.skip("no CUDA toolkit headers (cuda_fp16.h) to compile CuPy's types with")
+    kernels = "\n".join(
+        f'extern "C" __global__ void k_{t}(const {t}* g, const {t}* u, {t}* out) '
+        f'{{ gated(g[threadIdx.x], u[threadIdx.x], out[threadIdx.x]); }}'
+        for t in ("float16", "bfloat16", "float"))
+    source = ("#include <cupy/float16.cuh>\n#include <cupy/bfloat16.cuh>\n"
+              "template <class T> __device__ void gated(const T& gate, const T& up, T& y) "
+              f"{{ {GATED_PRODUCT}; }}\n{kernels}\n")
+    include = os.path.join(os.path.dirname(cupy.__file__), "_core", "include")
+    result = nvrtc.compile_cubin(source, "gated_product",
+                                 ("--gpu-architecture=sm_90a", f"-I{include}",
+                                  f"-I{cuda_include}", "-std=c++17"))
+    assert result.cubin
+
+
+def test_a_launch_takes_the_shared_a_kernels_five_maps():
+    """A, B, C, the second B and the second C: five tensor maps, parsed without a driver."""
+    from hopmm import _tensormap, launch
+
+    a = fake(np.zeros((256, 128), BF16))
+    template = launch._map_template(launch.matrix_spec(a.reshape(1, 256, 128), "cols", 64))
+    five = _tensormap.KernelLaunch(0, (1, 1, 1), 384, 0, [template] * 5, [1, 2], 2, False,
+                                   (1, 1, 1))
+    # One base address per map, then the pointers: 7, checked before anything is launched.
+    with pytest.raises(ValueError, match="one base address per tensor map, then 2 pointer"):
+        five.launch(0, *range(1, 7))
+    with pytest.raises(ValueError, match="at most 5 tensor maps"):
+        _tensormap.KernelLaunch(0, (1, 1, 1), 384, 0, [template] * 6, [], 0, False, (1, 1, 1))
