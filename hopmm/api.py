@@ -219,7 +219,7 @@ def _fused_matmul(a, b, out, **keywords):
     if result is not None:
         return result
     if k is None and interop.has_tensor((a, b, out, keywords["bias"], keywords["c"])):
-        return interop.call_with_tensors(matmul, (a, b, out), keywords)
+        return interop.fused_tensors(matmul, a, b, out, keywords)
     p = plan(a, b, out, **keywords)
     ep = p.epilogue
     if ep.spec == epilogue_mod.PLAIN and ep.alpha == 1.0:  # c with beta = 0 only

@@ -89,6 +89,14 @@ class Recipe:
     # call with one.
     out_bounds: tuple | None = None
 
+    @property
+    def in_place(self) -> bool:
+        """Whether the launches read the caller's A and B and store into its result, all
+        plain launches (no copy, no aligned buffer, no per-stream workspace): a repeat then
+        needs nothing but the pointers."""
+        return (self.a_copy is None and self.b_copy is None and self.c_buffer is None
+                and all(isinstance(x, _tensormap.KernelLaunch) for x in self.launches))
+
     def run(self, a, b, out, *epilogue_ptrs):
         """The result, or None when this call must take the full path (out overlaps).
         `epilogue_ptrs`: a fused epilogue's bias and c pointers."""
@@ -216,37 +224,48 @@ def _epilogue_operand_key(x, device):
     return (x.shape, x.strides, x.dtype)
 
 
-def repeat_fused(a, b, out, keywords: dict):
-    """repeat() for a call with epilogue keywords (matmul's `bias`, `activation`, `alpha`,
-    `beta`, `c`): the key adds every keyword (values and types; bias's and c's shapes, strides
-    and dtypes), and the launches get bias's and c's pointers. A call whose out overlaps bias
-    or c (other than being c) takes the full path, which reads copies of them."""
+def fused_key(a, b, out, keywords: dict):
+    """key() for a call with epilogue keywords (matmul's `bias`, `activation`, `alpha`,
+    `beta`, `c`): it adds every keyword (values and types; bias's and c's shapes, strides and
+    dtypes). None for calls that are never remembered."""
     cupy = _cupy or _bind_cupy()
     ndarray = cupy.ndarray
     if type(a) is not ndarray or type(b) is not ndarray:
-        return None, None
+        return None
     device = cupy.cuda.runtime.getDevice()
     if a.data.device_id != device or b.data.device_id != device:
-        return None, None
-    bias, c = keywords["bias"], keywords["c"]
-    bias_key, c_key = _epilogue_operand_key(bias, device), _epilogue_operand_key(c, device)
+        return None
+    bias_key = _epilogue_operand_key(keywords["bias"], device)
+    c_key = _epilogue_operand_key(keywords["c"], device)
     if bias_key is False or c_key is False:
-        return None, None
+        return None
     alpha, beta, activation = keywords["alpha"], keywords["beta"], keywords["activation"]
     k = ("fused", a.shape, a.strides, a.dtype, a.data.ptr % TMA_ALIGN == 0,
          b.shape, b.strides, b.dtype, b.data.ptr % TMA_ALIGN == 0, device,
          type(activation), activation, type(alpha), alpha, type(beta), beta, bias_key, c_key)
     if out is not None:
         if type(out) is not ndarray or out.data.device_id != device:
-            return None, None
+            return None
         k += (out.shape, out.strides, out.dtype, out.data.ptr % TMA_ALIGN == 0)
     try:
-        recipe = _recipes.get(k)
+        hash(k)
     except TypeError:  # an unhashable keyword: the full path says what is wrong with it
+        return None
+    return k
+
+
+def repeat_fused(a, b, out, keywords: dict):
+    """repeat() for a call with epilogue keywords (fused_key): the launches get bias's and
+    c's pointers. A call whose out overlaps bias or c (other than being c) takes the full
+    path, which reads copies of them."""
+    k = fused_key(a, b, out, keywords)
+    if k is None:
         return None, None
+    recipe = _recipes.get(k)
     if recipe is None:
         return None, k
-    c_read = c if beta != 0 else None  # beta = 0: c is not read
+    bias, c = keywords["bias"], keywords["c"]
+    c_read = c if keywords["beta"] != 0 else None  # beta = 0: c is not read
     if out is not None and _overlaps_epilogue(out, bias, c_read):
         return None, None
     return recipe.run(a, b, out, 0 if bias is None else bias.data.ptr,

@@ -25,7 +25,7 @@ import functools
 import sys
 
 from . import fastpath
-from .layout import TMA_ALIGN
+from .layout import TMA_ALIGN, byte_bounds, overlaps
 
 # cupy ExternalStream wrappers kept per (device, stream pointer): a process uses a handful of
 # torch streams, and a wrapper costs a few microseconds to make. Past this many the cache is
@@ -96,6 +96,95 @@ def matmul_tensors(matmul, a, b, out):
                 _direct[k] = (recipe, fastpath.generation)
 
     return call_with_tensors(matmul, (a, b, out), {}, after=remember)
+
+
+def fused_tensors(matmul, a, b, out, keywords: dict):
+    """hopmm.matmul with epilogue keywords and torch tensors: a repeat of a call whose plain
+    launches read the tensors in place and stored into the result goes straight to them
+    (_direct_fused_repeat); any other call is converted through DLPack (call_with_tensors),
+    and remembered where it can so repeat."""
+    result = _direct_fused_repeat(a, b, out, keywords)
+    if result is not None:
+        return result
+
+    def remember(cupy_args, cupy_kwargs, cupy_result):
+        k = fastpath.fused_key(*cupy_args, cupy_kwargs)
+        recipe = None if k is None else fastpath.lookup(k)
+        if isinstance(recipe, fastpath.Recipe) and recipe.in_place:
+            tk = _fused_tensor_key(a, b, out, keywords)
+            if tk is not None:
+                if len(_direct) >= fastpath.MAX_RECIPES:
+                    _direct.clear()
+                _direct[tk] = (recipe, fastpath.generation)
+
+    return call_with_tensors(matmul, (a, b, out), keywords, after=remember)
+
+
+def _fused_tensor_key(a, b, out, keywords: dict):
+    """_tensor_key for a call with epilogue keywords: every keyword's type and value, and
+    bias's and c's shapes, strides and dtypes (fastpath.fused_key's parts); None where such a
+    call is not repeated directly (a bias or c that is not a CUDA tensor of the operands'
+    device, one requiring grad, an unhashable keyword)."""
+    k = _tensor_key(a, b, out)
+    if k is None:
+        return None
+    tensor, device = sys.modules["torch"].Tensor, k[8]
+    operands = []
+    for x in (keywords["bias"], keywords["c"]):
+        if x is None:
+            operands.append(None)
+            continue
+        if type(x) is not tensor or x.requires_grad or x.get_device() != device:
+            return None
+        operands.append((x.shape, x.stride(), x.dtype))
+    alpha, beta, activation = keywords["alpha"], keywords["beta"], keywords["activation"]
+    k = ("fused",) + k + (type(activation), activation, type(alpha), alpha, type(beta), beta,
+                          *operands)
+    try:
+        hash(k)
+    except TypeError:
+        return None
+    return k
+
+
+def _byte_bounds(x) -> tuple[int, int]:
+    """The bytes a tensor's elements span (layout.byte_bounds of its pointer and strides)."""
+    size = x.element_size()
+    return byte_bounds(x.data_ptr(), tuple(x.shape), tuple(s * size for s in x.stride()), size)
+
+
+def _direct_fused_repeat(a, b, out, keywords: dict):
+    """The result of a fused repeat through its remembered launches, on the current torch
+    stream, with the new bias and c pointers; None where the call takes the full path (no
+    recipe, or an out that overlaps A, B, bias or c other than being c itself)."""
+    k = _fused_tensor_key(a, b, out, keywords)
+    entry = None if k is None else _direct.get(k)
+    if entry is None:
+        return None
+    recipe, generation = entry
+    if generation != fastpath.generation:
+        _direct.pop(k, None)
+        return None
+    bias, c = keywords["bias"], keywords["c"]
+    c_read = c if keywords["beta"] != 0 else None   # beta = 0: c is not read
+    if out is not None:
+        o = _byte_bounds(out)
+        same_as_c = (c_read is not None and out.data_ptr() == c_read.data_ptr()
+                     and out.shape == c_read.shape and out.stride() == c_read.stride())
+        others = (a, b, bias) + (() if same_as_c else (c_read,))
+        if any(x is not None and overlaps(o, _byte_bounds(x)) for x in others):
+            return None
+    torch = sys.modules["torch"]
+    device = a.get_device()
+    result = out if out is not None else torch.empty(recipe.out_shape, dtype=a.dtype,
+                                                     device=a.device)
+    stream = _raw_stream(torch, device)
+    pointers = (a.data_ptr(), b.data_ptr(), result.data_ptr(),
+                0 if bias is None else bias.data_ptr(),
+                0 if c_read is None else c_read.data_ptr())
+    for kernel_launch in recipe.launches:
+        kernel_launch.launch(stream, *pointers)
+    return result
 
 
 def _tensor_key(a, b, out):

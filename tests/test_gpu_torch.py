@@ -211,3 +211,42 @@ def test_repeats_launch_without_dlpack(dtype, monkeypatch):
         out.fill_(float("nan"))
         assert hopmm.matmul(a, b, out=out) is out
         check(out, a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_fused_repeats_launch_without_dlpack_on_a_side_stream(dtype, monkeypatch):
+    """A repeat of a fused call that read and wrote in place runs its remembered launches
+    straight from the tensors' pointers, bias and c included, on the current torch stream:
+    new bias values each time, and a residual added in place (out = c)."""
+    import hopmm
+    from hopmm import interop
+
+    a, b = rand((384, 256), dtype), rand((256, 320), dtype)
+    bias, r = rand((320,), dtype), rand((384, 320), dtype)
+    stream = torch.cuda.Stream()
+
+    def expected_relu():
+        return torch.relu(torch.matmul(a.float(), b.float()) + bias.float())
+
+    def close(got, ref):
+        assert isinstance(got, torch.Tensor) and not torch.isnan(got).any()
+        err = torch.linalg.norm(got.float() - ref) / torch.linalg.norm(ref)
+        assert float(err) < TOL[dtype]
+
+    with torch.cuda.stream(stream):
+        close(hopmm.matmul(a, b, bias=bias, activation="relu"), expected_relu())
+        ref = torch.matmul(a.float(), b.float()) + r.float()
+        assert hopmm.matmul(a, b, c=r, beta=1.0, out=r) is r
+        close(r, ref)
+
+        def no_conversion(*args, **kwargs):
+            raise AssertionError("a repeat went through DLPack")
+
+        monkeypatch.setattr(interop, "call_with_tensors", no_conversion)
+        for _ in range(3):
+            bias.copy_(rand((320,), dtype))
+            close(hopmm.matmul(a, b, bias=bias, activation="relu"), expected_relu())
+            ref = torch.matmul(a.float(), b.float()) + r.float()
+            assert hopmm.matmul(a, b, c=r, beta=1.0, out=r) is r
+            close(r, ref)
+    stream.synchronize()
