@@ -481,7 +481,7 @@ def make_launch(**kw):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(grid=(1, 1)), "grid"),
-    (dict(map_templates=[GOOD_TEMPLATE] * 5), "at most 4"),
+    (dict(map_templates=[GOOD_TEMPLATE] * 6), "at most 5"),
     (dict(map_templates=[GOOD_TEMPLATE[:6]]), "7 fields"),
     (dict(ints=list(range(25))), "ints"),  # 24 at most: the raster's and an epilogue's
     (dict(map_templates=[(9, (64, 64, 1), (128,), (64, 64, 1), 3, 2, 0)]), "strides_bytes"),
