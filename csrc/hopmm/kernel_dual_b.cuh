@@ -11,7 +11,7 @@
 
 namespace hopmm {
 
-// Config::kDualStore values (hopmm/schedules.py's DualBSchedule.dual_store).
+// Config::kDualStore values (hopmm/schedules.py's SharedASchedule.dual_store).
 constexpr int kDualStorePair = 0;
 constexpr int kDualStoreSwiglu = 1;
 
