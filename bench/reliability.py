@@ -159,6 +159,10 @@ SOAK_SCHEDULE_STRETCH = 50     # calls between changes of the forced schedule
 SOAK_HEURISTIC_WEIGHT = 3      # the heuristic's choice counts as this many schedules
 SOAK_REPEATED_SHAPES = 64
 SOAK_REPEAT_SHARE = 0.7
+# Calls that carry a fused epilogue (a random activation, a bias of shape (N,), c with beta
+# and alpha), checked against the unfused fp32 computation like the plain ones.
+SOAK_FUSED_SHARE = 0.3
+SOAK_ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid")
 # Growth from the first sample to the last that still counts as flat: the recipe cache may
 # fill up to its bound in between (a few KB a recipe on the host), the workspaces grow to
 # the largest split-K problem drawn (a few MB on the GPU).
@@ -512,10 +516,37 @@ def device_operands(case: Case, generator):
     return make(case.m, case.k, case.trans_a), make(case.k, case.n, case.trans_b)
 
 
-def device_rel_err(got, a, b) -> float:
+def fused_keywords(rng: random.Random, case: Case, generator) -> dict:
+    """Random epilogue keywords for `case`'s product: an activation, and each of bias (N,)
+    and c (the result's shape, with beta) present or not, alpha not 1."""
     import cupy
 
+    def operand(shape):
+        return generator.standard_normal(shape, dtype=cupy.float32).astype(case.dtype)
+
+    out_shape = ((case.batch,) if case.batch else ()) + (case.m, case.n)
+    kw = {"activation": rng.choice(SOAK_ACTIVATIONS), "alpha": rng.choice((0.5, 1.0, 2.0))}
+    if rng.random() < 0.5:
+        kw["bias"] = operand((case.n,))
+    if rng.random() < 0.5:
+        kw["c"], kw["beta"] = operand(out_shape), rng.choice((1.0, -0.5))
+    return kw
+
+
+def device_rel_err(got, a, b, keywords=None) -> float:
+    """The relative error of `got` against the fp32 product of a and b, through the fused
+    chain of `keywords` (matmul's epilogue keywords) where given."""
+    import cupy
+
+    from hopmm import epilogue
+
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    if keywords:
+        kw = dict(keywords)
+        for name in ("bias", "c"):
+            if name in kw:
+                kw[name] = kw[name].astype(cupy.float32)
+        ref = epilogue.reference(cupy, ref, **kw)
     diff = got.astype(cupy.float32) - ref
     if got.shape != ref.shape or not bool(cupy.isfinite(diff).all()):
         return float("inf")
@@ -651,18 +682,23 @@ def soak(args, results: list) -> None:
     calls, checked, bad, first_sample = 0, 0, [], None
     try:
         while time.time() < deadline:
-            a = b = out = None   # nothing of the last call alive when memory is sampled
+            a = b = out = keywords = None   # nothing of the last call alive when sampled
             if first_sample is None and time.time() >= warm_until:
                 cupy.cuda.Device().synchronize()
                 first_sample = (host_rss_mb(), pool_used_mb())
             if calls % SOAK_SCHEDULE_STRETCH == 0:
                 hopmm.use_schedule(rng.choice(schedules))
             case = rng.choice(repeated) if rng.random() < SOAK_REPEAT_SHARE else random_case(rng)
+            keywords = None
             try:
                 a, b = device_operands(case, generator)
-                out = hopmm.matmul(a, b)
+                if rng.random() < SOAK_FUSED_SHARE:
+                    keywords = fused_keywords(rng, case, generator)
+                    out = hopmm.matmul(a, b, **keywords)
+                else:
+                    out = hopmm.matmul(a, b)
                 if calls % SOAK_CHECK_EVERY == 0:
-                    err = device_rel_err(out, a, b)
+                    err = device_rel_err(out, a, b, keywords)
                     checked += 1
                     if not err < TOLERANCE[case.dtype]:
                         bad.append(f"{case.spec()} rel err {err:.2e}")

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from hopmm import kernel_cache
+from hopmm import epilogue, kernel_cache
 from hopmm.schedules import SCHEDULES
 
 BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
@@ -257,3 +257,27 @@ def test_fused_cases_parse_and_their_reference_applies_the_chain():
     assert driver.rel_err(expected, expected) == 0.0
     assert driver.rel_err(expected[:1], expected) == float("inf")
     assert driver.rel_err(np.full_like(expected, np.nan), expected) == float("inf")
+
+
+def test_soak_fused_keywords_fit_the_case():
+    """The soak's fused calls: an activation matmul knows, alpha, and a bias of shape (N,)
+    and c of the result's shape with beta, each drawn or not."""
+    import numpy as np
+
+    class Generator:   # cupy.random.RandomState's call, on the host
+        def standard_normal(self, shape, dtype):
+            return np.zeros(shape, dtype)
+
+    rng = random.Random(1)
+    seen = set()
+    for _ in range(200):
+        case = rel.random_case(rng, max_dim=64)
+        kw = rel.fused_keywords(rng, case, Generator())
+        assert kw["activation"] in epilogue.ACTIVATIONS and kw["alpha"] != 0
+        lead = (case.batch,) if case.batch else ()
+        if "bias" in kw:
+            assert kw["bias"].shape == (case.n,)
+        if "c" in kw:
+            assert kw["c"].shape == lead + (case.m, case.n) and kw["beta"] != 0
+        seen.add(("bias" in kw, "c" in kw))
+    assert len(seen) == 4
