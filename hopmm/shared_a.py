@@ -4,7 +4,8 @@ projections.
 
 Two paths compute them:
 - composed (the default): one hopmm.matmul per B, its activation and bias fused; swiglu's
-  product of the two 16-bit results in fp32, rounded once more.
+  two plain products (so that rows as few as decode's take the gemv kernel, which has no
+  epilogue), then silu(gate) * up of the two 16-bit results in one elementwise pass, in fp32.
 - one kernel (the `shared_a` and `swiglu` schedules, kernel_dual_b.cuh), taken where
   `use_schedule` names that schedule: each A tile loaded once per k-block for two Bs, one
   wgmma per B in one commit group, one flush before the epilogue; swiglu's silu(gate) * up
@@ -96,22 +97,28 @@ def swiglu(a, w_gate, w_up):
                          f"the gate and up projections must have one shape")
     if _one_kernel(SwigluSchedule, a, w_gate, w_up, checked, 0):
         return _run_dual(SwigluSchedule, a, w_gate, w_up, checked.plans[0], None)[0]
-    gate = api.matmul(a, w_gate, activation="silu")
+    gate = api.matmul(a, w_gate)
     up = api.matmul(a, w_up)
     with gate.device:
-        if gate.dtype.itemsize == 2:   # float16, bfloat16: one pass, the product in fp32
+        if gate.dtype.itemsize == 2:   # float16, bfloat16: one pass, in fp32
             return _gated_product()(gate, up)
-        return gate * up
+        return gate / (1 + _exp(-gate)) * up
 
 
-# swiglu's composed product of two 16-bit arrays: formed in fp32 and rounded once (CuPy's
-# float16 and bfloat16 convert to and from float).
-GATED_PRODUCT = "y = (T)((float)gate * (float)up)"
+def _exp(x):
+    import cupy
+
+    return cupy.exp(x)
+
+
+# swiglu's composed gating of two 16-bit products: silu(gate) * up formed in fp32 and rounded
+# once (CuPy's float16 and bfloat16 convert to and from float).
+GATED_PRODUCT = "float g = (float)gate; y = (T)(g / (1.0f + expf(-g)) * (float)up)"
 
 
 @functools.lru_cache(maxsize=None)
 def _gated_product():
-    """gate * up of two 16-bit arrays in one elementwise pass (GATED_PRODUCT)."""
+    """silu(gate) * up of two 16-bit arrays in one elementwise pass (GATED_PRODUCT)."""
     import cupy
 
     return cupy.ElementwiseKernel("T gate, T up", "T y", GATED_PRODUCT, "hopmm_gated_product")

@@ -75,8 +75,8 @@ def _fake_cupy():
 
 
 class _FakeElementwiseKernel:
-    """cupy.ElementwiseKernel for the one hopmm makes (swiglu's composed product): its
-    operation is checked, and computed in fp32, rounded once."""
+    """cupy.ElementwiseKernel for the one hopmm makes (swiglu's composed gating): its
+    operation is checked, and silu(gate) * up computed in fp32, rounded once."""
 
     def __init__(self, in_params, out_params, operation, name):
         from hopmm.shared_a import GATED_PRODUCT
@@ -85,8 +85,8 @@ class _FakeElementwiseKernel:
 
     def __call__(self, gate, up):
         assert gate.dtype == up.dtype and gate.shape == up.shape
-        return fake((np.asarray(gate, np.float32) * np.asarray(up, np.float32))
-                    .astype(gate.dtype))
+        g = np.asarray(gate, np.float32)
+        return fake((g / (1 + np.exp(-g)) * np.asarray(up, np.float32)).astype(gate.dtype))
 
 
 _DEVICE_TO_DEVICE = 3  # cudaMemcpyKind

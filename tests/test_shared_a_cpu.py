@@ -216,9 +216,9 @@ def _cuda_include() -> str | None:
                  if r and os.path.isfile(os.path.join(r, "include", "cuda_fp16.h"))), None)
 
 
-def test_the_composed_gated_product_compiles_for_cupys_16_bit_types():
-    """swiglu's composed path multiplies through a cupy.ElementwiseKernel: its operation,
-    as CuPy instantiates it for float16, bfloat16 and float32, compiles for sm_90a."""
+def test_the_composed_gating_compiles_for_cupys_16_bit_types():
+    """swiglu's composed path gates through a cupy.ElementwiseKernel: its operation, as CuPy
+    instantiates it for float16, bfloat16 and float32, compiles for sm_90a."""
     import os
 
     import cupy
