@@ -94,11 +94,11 @@ def _cases(cp, torch):
         """fn with schedule `name` forced for its call (use_schedule without its clearing of
         remembered matmul launches, which the shared-A schedules do not use)."""
         def run(*s):
-            api._schedule_override = name
+            before, api._schedule_override = api._schedule_override, name
             try:
                 return fn(*s)
             finally:
-                api._schedule_override = None
+                api._schedule_override = before
         return run
 
     def swiglu_ref(a, g, u, *_):

@@ -317,10 +317,10 @@ def _compile_one(schedule_name: str, config) -> int:
     was cached."""
     from hopmm import compile as compiler
     from hopmm import launch
-    from hopmm.schedules import SCHEDULES
+    from hopmm.schedules import ALL_SCHEDULES
 
     before = compiler.compile_count
-    launch.compiled(SCHEDULES[schedule_name], config)
+    launch.compiled(ALL_SCHEDULES[schedule_name], config)
     return compiler.compile_count - before
 
 
@@ -328,10 +328,11 @@ def warm(args, results: list) -> None:
     import multiprocessing
 
     from hopmm.device import H100_SXM, gpu_available, query
-    from hopmm.schedules import SCHEDULES
+    from hopmm.schedules import DUAL_B_SCHEDULES, SCHEDULES
 
     smem = query(0).smem_per_block_optin if gpu_available() else H100_SXM.smem_per_block_optin
-    jobs = [(s.name, cfg) for s in SCHEDULES.values() for cfg in s.configs(smem)]
+    jobs = [(s.name, cfg) for s in (*SCHEDULES.values(), *DUAL_B_SCHEDULES.values())
+            for cfg in s.configs(smem)]
     start = time.time()
     workers = max(1, (os.cpu_count() or 2) - 2)
     try:
@@ -437,8 +438,10 @@ def sanitize(args, results: list) -> None:
             status, detail = "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
         if status == "FAIL" and known_blind_spot(tool, schedule, detail):
             status, detail = "known", f"{KNOWN_BLIND_SPOT}; {detail}"
-        return Result("sanitize", f"{tool} {schedule}", status,
-                      f"{len(shapes)} shapes: {detail}", time.time() - start)
+        # A run of one shape (SHAPE_BY_SHAPE_TOOLS) is named by it.
+        name = f"{tool} {schedule}" + (f" {shapes[0]}" if len(shapes) == 1 else "")
+        return Result("sanitize", name, status, f"{len(shapes)} shapes: {detail}",
+                      time.time() - start)
 
     with ThreadPoolExecutor(SANITIZER_PARALLEL) as pool:
         for r in pool.map(run, plan):

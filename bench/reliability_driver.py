@@ -10,7 +10,8 @@ A SHAPE is MxNxK followed by any of ":b<batch>", ":ta" (A stored transposed), ":
 bias of shape (N,), c of the result's shape, against the same chain on the host). With a
 shared-A schedule forced (shared_a, swiglu), each case is that function's call on a second B
 of B's shape (N rounded up to whole 16-byte rows, which its kernel stores), ":fused" applying
-FUSED_ACTIVATION to shared_a's products. The last line printed is a JSON summary: cases
+FUSED_ACTIVATION to shared_a's products (swiglu's gating is its only epilogue: its ":fused"
+cases run as the others). The last line printed is a JSON summary: cases
 checked, failures, the compiles this process ran and the kernels it holds. Exit status 1 if
 any product was wrong.
 """
@@ -94,8 +95,14 @@ def reference(a, b, bias=None, c=None):
     ref = numpy.matmul(a, b)
     if bias is None:
         return ref
-    host_activation = {"relu": lambda x: numpy.maximum(x, 0.0)}[FUSED_ACTIVATION]
     return host_activation(FUSED_ALPHA * ref + FUSED_BETA * c + bias)
+
+
+def host_activation(x):
+    """FUSED_ACTIVATION on a float32 host array."""
+    import numpy
+
+    return {"relu": lambda v: numpy.maximum(v, 0.0)}[FUSED_ACTIVATION](x)
 
 
 def rel_err(out, ref) -> float:
@@ -148,7 +155,7 @@ def check_shared_a(case: Case, rng, schedule: str) -> float:
     got = numpy.stack([y.astype("float32").get()
                        for y in hopmm.matmul_shared_a(a, [b0, b1], activation=activation)])
     ref = numpy.stack([p0, p1])
-    return rel_err(got, numpy.maximum(ref, 0.0) if activation else ref)
+    return rel_err(got, host_activation(ref) if activation else ref)
 
 
 def check(case: Case, rng, schedule: str | None) -> float:

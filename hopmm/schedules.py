@@ -724,6 +724,14 @@ class SharedASchedule(PersistentSchedule):
         return {"kDualStore": cls.dual_store}
 
     @classmethod
+    def check(cls, cfg: KernelConfig) -> None:
+        # The kernel has one chain's operands: a bias or c would go to both products.
+        if cfg.epilogue is not None and (cfg.epilogue.bias or cfg.epilogue.c):
+            raise ValueError(f"{cls.name}: the fused chain of both products takes an "
+                             f"activation only (a bias or c would be added to both)")
+        super().check(cfg)
+
+    @classmethod
     def consumer_roles(cls, cfg: KernelConfig) -> str:
         return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile of "
                 f"both products, {cls.consumer_rows(cfg)} rows each, one accumulator set per B")

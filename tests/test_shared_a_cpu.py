@@ -12,7 +12,8 @@ import hopmm
 from hopmm import compile as compiler, epilogue, sass
 from hopmm.device import H100_SXM
 from hopmm.epilogue import EpilogueSpec
-from hopmm.schedules import DUAL_B_SCHEDULES, ELEM_BYTES, SwigluSchedule, TMA_BOX_ELEMS
+from hopmm.schedules import (DUAL_B_SCHEDULES, ELEM_BYTES, SharedASchedule, SwigluSchedule,
+                             TMA_BOX_ELEMS)
 from test_cpu_simulated_launch import BF16, SimulatedLaunch, fake, rand, simulated_gpu  # noqa: F401
 
 KERNEL_STEPS = TMA_BOX_ELEMS // 16  # wgmma k16 steps of one k-block
@@ -39,14 +40,20 @@ def test_a_stage_holds_a_and_both_bs(name):
         replace(cfg, stages=4)).source
 
 
-def test_swiglu_has_no_other_epilogue():
+def test_swiglu_has_no_other_epilogue_and_shared_a_an_activation_only():
     with pytest.raises(ValueError, match="swiglu"):
         SwigluSchedule.render(replace(_config(SwigluSchedule), epilogue=EpilogueSpec("relu")))
+    shared = _config(SharedASchedule)
+    for spec in (EpilogueSpec("relu", bias=True), EpilogueSpec(None, c=True)):
+        with pytest.raises(ValueError, match="activation only"):
+            SharedASchedule.render(replace(shared, epilogue=spec))
+    assert "kActivation = 1;" in SharedASchedule.render(
+        replace(shared, epilogue=EpilogueSpec("relu"))).source
 
 
 @pytest.mark.parametrize("name, spec", [("swiglu", None), ("shared_a", None),
                                         ("shared_a", EpilogueSpec("gelu_tanh")),
-                                        ("shared_a", EpilogueSpec("gelu", bias=True, c=True))])
+                                        ("shared_a", EpilogueSpec("gelu"))])
 def test_one_group_of_wgmmas_per_k_block_and_no_spills(name, spec):
     sched = DUAL_B_SCHEDULES[name]
     cfg = replace(_config(sched, "float16", trans_b=True), epilogue=spec)
