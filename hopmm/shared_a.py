@@ -97,18 +97,14 @@ def swiglu(a, w_gate, w_up):
                          f"the gate and up projections must have one shape")
     if _one_kernel(SwigluSchedule, a, w_gate, w_up, checked, 0):
         return _run_dual(SwigluSchedule, a, w_gate, w_up, checked.plans[0], None)[0]
+    import cupy
+
     gate = api.matmul(a, w_gate)
     up = api.matmul(a, w_up)
     with gate.device:
         if gate.dtype.itemsize == 2:   # float16, bfloat16: one pass, in fp32
             return _gated_product()(gate, up)
-        return gate / (1 + _exp(-gate)) * up
-
-
-def _exp(x):
-    import cupy
-
-    return cupy.exp(x)
+        return gate / (1 + cupy.exp(-gate)) * up
 
 
 # swiglu's composed gating of two 16-bit products: silu(gate) * up formed in fp32 and rounded
