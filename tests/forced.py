@@ -23,6 +23,18 @@ def rel_err(got, a, b):
     return float(cupy.linalg.norm(got - ref)) / (denom if denom else 1.0)
 
 
+def check_close(got, ref, dtype):
+    """got (a 16-bit result) against the fp32 reference `ref`: same shape, no NaN (poisoned
+    outputs left unwritten show), relative Frobenius error within TOL."""
+    import cupy
+
+    got = got.astype(cupy.float32)
+    assert got.shape == ref.shape
+    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) or NaN output elements"
+    err = float(cupy.linalg.norm(got - ref)) / max(float(cupy.linalg.norm(ref)), 1e-30)
+    assert err < TOL[dtype], err
+
+
 def operands(m, n, k, dtype, ta=False, tb=False, batch=()):
     a = rand(batch + (k, m), dtype).swapaxes(-1, -2) if ta else rand(batch + (m, k), dtype)
     b = rand(batch + (n, k), dtype).swapaxes(-1, -2) if tb else rand(batch + (k, n), dtype)

@@ -6,7 +6,7 @@ NaN-poisoned out."""
 import pytest
 
 from conftest import requires_hopper
-from forced import TOL, operands, rand
+from forced import check_close, operands, rand
 
 pytestmark = requires_hopper
 
@@ -26,16 +26,6 @@ def _reference(a, b, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None)
     y = epilogue.reference(cupy, acc, bias=bias, activation=activation, alpha=alpha,
                            beta=beta, c=c3)
     return y.reshape(shapes.out_shape)
-
-
-def _check(got, ref, dtype):
-    import cupy
-
-    got = got.astype(cupy.float32)
-    assert got.shape == ref.shape
-    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) or NaN output elements"
-    err = float(cupy.linalg.norm(got - ref)) / max(float(cupy.linalg.norm(ref)), 1e-30)
-    assert err < TOL[dtype], err
 
 
 @pytest.fixture
@@ -71,7 +61,7 @@ def _fused(a, b, dtype, keywords, out_alias_c=False, launches=None):
     assert hopmm.matmul(a, b, out=out, **keywords) is out
     if launches is not None:
         assert sum(launches) - before == 1, "a fused call is one kernel launch"
-    _check(out, ref, dtype)
+    check_close(out, ref, dtype)
 
 
 COMBOS = {
@@ -191,9 +181,9 @@ def test_repeats_take_new_bias_and_c(launches):
     for _ in range(3):
         kw = dict(bias=rand((768,), "bfloat16"), c=rand((512, 768), "bfloat16"), beta=1.0,
                   activation="relu")
-        _check(hopmm.matmul(a, b, **kw), _reference(a, b, **kw), "bfloat16")
+        check_close(hopmm.matmul(a, b, **kw), _reference(a, b, **kw), "bfloat16")
     # Plain calls on the same operands are untouched by the fused recipe.
-    _check(hopmm.matmul(a, b), _reference(a, b), "bfloat16")
+    check_close(hopmm.matmul(a, b), _reference(a, b), "bfloat16")
 
 
 def test_fallback_dtypes_compute_the_chain():

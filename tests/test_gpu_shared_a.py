@@ -6,7 +6,7 @@ out on a non-default stream."""
 import pytest
 
 from conftest import requires_hopper
-from forced import TOL, operands, rand
+from forced import TOL, check_close, operands, rand
 
 pytestmark = requires_hopper
 
@@ -19,16 +19,6 @@ def _f32_products(a, bs):
     import cupy
 
     return [cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32)) for b in bs]
-
-
-def _check(got, ref, dtype):
-    import cupy
-
-    got = got.astype(cupy.float32)
-    assert got.shape == ref.shape
-    assert not bool(cupy.isnan(got).any()), "unwritten (NaN-poisoned) or NaN output elements"
-    err = float(cupy.linalg.norm(got - ref)) / max(float(cupy.linalg.norm(ref)), 1e-30)
-    assert err < TOL[dtype], err
 
 
 def _silu(x):
@@ -75,7 +65,7 @@ def test_swiglu_kernel(m, n, k, ta, tb, dtype):
     _, u = operands(m, n, k, dtype, ta, tb)
     p_gate, p_up = _f32_products(a, [g, u])
     (y,) = _forced("swiglu", a, g, u)
-    _check(y, _silu(p_gate) * p_up, dtype)
+    check_close(y, _silu(p_gate) * p_up, dtype)
 
 
 @pytest.mark.parametrize("activation", [None, "relu", "gelu", "silu"])
@@ -91,7 +81,7 @@ def test_shared_a_kernel(m, n, k, ta, tb, activation):
     _, b1 = operands(m, n, k, dtype, ta, tb)
     ys = _forced("shared_a", a, b0, b1, activation)
     for y, p in zip(ys, _f32_products(a, [b0, b1])):
-        _check(y, epilogue.activate(cupy, p, activation), dtype)
+        check_close(y, epilogue.activate(cupy, p, activation), dtype)
 
 
 @pytest.mark.parametrize("case", ["batched", "b_broadcast", "vector_a", "misaligned"])
@@ -109,10 +99,10 @@ def test_kernels_on_batches_and_views(case):
         g, u = rand((64, 130), dt)[:, 1:129], rand((64, 130), dt)[:, 1:129]
     p_gate, p_up = _f32_products(a, [g, u])
     (y,) = _forced("swiglu", a, g, u)
-    _check(y, _silu(p_gate) * p_up, dt)
+    check_close(y, _silu(p_gate) * p_up, dt)
     y0, y1 = _forced("shared_a", a, g, u)
-    _check(y0, p_gate, dt)
-    _check(y1, p_up, dt)
+    check_close(y0, p_gate, dt)
+    check_close(y1, p_up, dt)
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
@@ -129,10 +119,10 @@ def test_composed_calls(dtype):
     bias = rand((700,), dtype)
     y0, y1 = hopmm.matmul_shared_a(a, [b0, b1], bias=[bias, None], activation="gelu_tanh")
     p0, p1 = _f32_products(a, [b0, b1])
-    _check(y0, epilogue.activate(cupy, p0 + bias.astype(cupy.float32), "gelu_tanh"), dtype)
-    _check(y1, epilogue.activate(cupy, p1, "gelu_tanh"), dtype)
+    check_close(y0, epilogue.activate(cupy, p0 + bias.astype(cupy.float32), "gelu_tanh"), dtype)
+    check_close(y1, epilogue.activate(cupy, p1, "gelu_tanh"), dtype)
     y = hopmm.swiglu(a, b0, b1)
-    _check(y, _silu(p0) * p1, dtype)
+    check_close(y, _silu(p0) * p1, dtype)
 
 
 def test_torch_in_and_out_on_a_side_stream():
