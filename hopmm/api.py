@@ -11,6 +11,7 @@ from . import device as device_mod
 from . import epilogue as epilogue_mod
 from . import fastpath, heuristics, interop, launch, layout, operands, tuning, validation
 from .problem import KERNEL_DTYPES
+from .schedules import DUAL_B_SCHEDULES
 
 STRICT_ENV = "HOPMM_STRICT"
 SCHEDULE_ENV = "HOPMM_SCHEDULE"
@@ -43,8 +44,6 @@ class KernelCall(operands.KernelOperands):
 
 def _matmul_override() -> str | None:
     """The schedule forced on matmul's kernel calls, if any."""
-    from .schedules import DUAL_B_SCHEDULES
-
     return None if _schedule_override in DUAL_B_SCHEDULES else _schedule_override
 
 

@@ -239,10 +239,9 @@ def fused_key(a, b, out, keywords: dict):
     c_key = _epilogue_operand_key(keywords["c"], device)
     if bias_key is False or c_key is False:
         return None
-    alpha, beta, activation = keywords["alpha"], keywords["beta"], keywords["activation"]
     k = ("fused", a.shape, a.strides, a.dtype, a.data.ptr % TMA_ALIGN == 0,
          b.shape, b.strides, b.dtype, b.data.ptr % TMA_ALIGN == 0, device,
-         type(activation), activation, type(alpha), alpha, type(beta), beta, bias_key, c_key)
+         *keywords_key(keywords, bias_key, c_key))
     if out is not None:
         if type(out) is not ndarray or out.data.device_id != device:
             return None
@@ -252,6 +251,14 @@ def fused_key(a, b, out, keywords: dict):
     except TypeError:  # an unhashable keyword: the full path says what is wrong with it
         return None
     return k
+
+
+def keywords_key(keywords: dict, bias_key, c_key) -> tuple:
+    """The part of a fused call's key its epilogue keywords make: each scalar keyword's type
+    and value, and the keys of bias and c (their shapes, strides and dtypes, or None)."""
+    alpha, beta, activation = keywords["alpha"], keywords["beta"], keywords["activation"]
+    return (type(activation), activation, type(alpha), alpha, type(beta), beta, bias_key,
+            c_key)
 
 
 def repeat_fused(a, b, out, keywords: dict):

@@ -89,13 +89,30 @@ def matmul_tensors(matmul, a, b, out):
     def remember(cupy_args, cupy_kwargs, cupy_result):
         recipe = fastpath.lookup(fastpath.key(*cupy_args))
         if isinstance(recipe, fastpath.DirectRecipe):
-            k = _tensor_key(a, b, out)
-            if k is not None:
-                if len(_direct) >= fastpath.MAX_RECIPES:
-                    _direct.clear()
-                _direct[k] = (recipe, fastpath.generation)
+            _remember_direct(_tensor_key(a, b, out), recipe)
 
     return call_with_tensors(matmul, (a, b, out), {}, after=remember)
+
+
+def _remember_direct(k, recipe) -> None:
+    """Keeps `recipe` for repeats of the torch call of key k (None: not repeatable)."""
+    if k is None:
+        return
+    if len(_direct) >= fastpath.MAX_RECIPES:
+        _direct.clear()
+    _direct[k] = (recipe, fastpath.generation)
+
+
+def _remembered(k):
+    """The recipe remembered for key k, or None (none, or one of an older choice: dropped)."""
+    entry = None if k is None else _direct.get(k)
+    if entry is None:
+        return None
+    recipe, generation = entry
+    if generation != fastpath.generation:   # launches of an older choice (use_schedule)
+        _direct.pop(k, None)
+        return None
+    return recipe
 
 
 def fused_tensors(matmul, a, b, out, keywords: dict):
@@ -111,11 +128,7 @@ def fused_tensors(matmul, a, b, out, keywords: dict):
         k = fastpath.fused_key(*cupy_args, cupy_kwargs)
         recipe = None if k is None else fastpath.lookup(k)
         if isinstance(recipe, fastpath.Recipe) and recipe.in_place:
-            tk = _fused_tensor_key(a, b, out, keywords)
-            if tk is not None:
-                if len(_direct) >= fastpath.MAX_RECIPES:
-                    _direct.clear()
-                _direct[tk] = (recipe, fastpath.generation)
+            _remember_direct(_fused_tensor_key(a, b, out, keywords), recipe)
 
     return call_with_tensors(matmul, (a, b, out), keywords, after=remember)
 
@@ -137,9 +150,7 @@ def _fused_tensor_key(a, b, out, keywords: dict):
         if type(x) is not tensor or x.requires_grad or x.get_device() != device:
             return None
         operands.append((x.shape, x.stride(), x.dtype))
-    alpha, beta, activation = keywords["alpha"], keywords["beta"], keywords["activation"]
-    k = ("fused",) + k + (type(activation), activation, type(alpha), alpha, type(beta), beta,
-                          *operands)
+    k = ("fused",) + k + fastpath.keywords_key(keywords, *operands)
     try:
         hash(k)
     except TypeError:
@@ -157,13 +168,8 @@ def _direct_fused_repeat(a, b, out, keywords: dict):
     """The result of a fused repeat through its remembered launches, on the current torch
     stream, with the new bias and c pointers; None where the call takes the full path (no
     recipe, or an out that overlaps A, B, bias or c other than being c itself)."""
-    k = _fused_tensor_key(a, b, out, keywords)
-    entry = None if k is None else _direct.get(k)
-    if entry is None:
-        return None
-    recipe, generation = entry
-    if generation != fastpath.generation:
-        _direct.pop(k, None)
+    recipe = _remembered(_fused_tensor_key(a, b, out, keywords))
+    if recipe is None:
         return None
     bias, c = keywords["bias"], keywords["c"]
     c_read = c if keywords["beta"] != 0 else None   # beta = 0: c is not read
@@ -225,13 +231,8 @@ def _raw_stream(torch, device: int) -> int:
 def _direct_repeat(a, b, out):
     """The result of a repeat through its remembered direct launches, on the current torch
     stream, into a new torch tensor or `out`; None where the call takes the full path."""
-    k = _tensor_key(a, b, out)
-    entry = None if k is None else _direct.get(k)
-    if entry is None:
-        return None
-    recipe, generation = entry
-    if generation != fastpath.generation:   # launches of an older choice (use_schedule)
-        _direct.pop(k, None)
+    recipe = _remembered(_tensor_key(a, b, out))
+    if recipe is None:
         return None
     torch = sys.modules["torch"]
     device = a.get_device()
