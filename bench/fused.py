@@ -40,11 +40,14 @@ def _inputs(cp, torch, m, n, k, dt, sets, dual=False):
     """Input sets (a, b, bias, c, and their torch views); with `dual`, a second B (k x n) in
     place of bias."""
     out = []
+    # Weights scaled by 1/sqrt(k), as a layer's initialisation does: products of O(1), so
+    # swiglu's gate * up stays inside fp16's range (unscaled, its tail overflows to inf).
+    w_scale = k ** -0.5
     for _ in range(sets):
         a = cp.random.standard_normal((m, k), dtype=cp.float32).astype(dt)
-        b = cp.random.standard_normal((k, n), dtype=cp.float32).astype(dt)
-        bias = cp.random.standard_normal((k, n) if dual else (n,),
-                                         dtype=cp.float32).astype(dt)
+        b = (cp.random.standard_normal((k, n), dtype=cp.float32) * w_scale).astype(dt)
+        bias = cp.random.standard_normal((k, n) if dual else (n,), dtype=cp.float32)
+        bias = (bias * w_scale if dual else bias).astype(dt)
         c = cp.random.standard_normal((m, n), dtype=cp.float32).astype(dt)
         to_t = (lambda x: bench.to_torch(torch, x)) if torch else (lambda x: None)
         # torch's F.linear takes the weight as (n, k): the transposed view of b, no copy.

@@ -29,12 +29,26 @@ import bench  # noqa: E402
 
 # (M, N, K): the issue's decode shapes and a Llama-sized MLP / attention projection.
 SHAPES = [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192), (8, 8192, 8192),
-          (16, 8192, 8192), (16, 28672, 8192), (1, 4096, 4096), (4, 14336, 4096)]
-QUICK_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (4, 14336, 4096)]
-# Variants beside the heuristic's config (GemvConfig.default): fields replaced, per B layout.
+          (16, 8192, 8192), (16, 28672, 8192), (1, 4096, 4096), (4, 14336, 4096),
+          (16, 14336, 4096)]
+QUICK_SHAPES = [(1, 8192, 8192), (16, 8192, 8192), (16, 14336, 4096)]
+# Variants beside the heuristic's config (GemvConfig.default): fields replaced, per B layout,
+# for the CUDA-core loops and for the tensor-core loops (GemvConfig.mma; their "fma" variant
+# is the CUDA-core loops' default at the same rows).
 K_MAJOR_VARIANTS = [dict(unroll=1), dict(unroll=4), dict(cols=2, unroll=4), dict(cols=8, unroll=1),
                     dict(warps=4)]
 N_MAJOR_VARIANTS = [dict(unroll=16), dict(warps=4), dict(warps=16)]
+MMA_K_MAJOR_VARIANTS = [dict(unroll=2), dict(unroll=8), dict(warps=4),
+                        dict(mma=False, cols=4, unroll=2)]
+MMA_N_MAJOR_VARIANTS = [dict(unroll=2), dict(unroll=4), dict(warps=4), dict(warps=16),
+                        dict(mma=False, cols=1, unroll=8)]
+
+
+def variant_fields(cfg, b_major: str) -> list:
+    """The variants of `cfg` to time (field replacements)."""
+    if cfg.mma:
+        return MMA_K_MAJOR_VARIANTS if b_major == "k" else MMA_N_MAJOR_VARIANTS
+    return K_MAJOR_VARIANTS if b_major == "k" else N_MAJOR_VARIANTS
 # Split counts tried beside the heuristic's: these multiples of it (and 1).
 SPLIT_FACTORS = (0.5, 2)
 COPY_BYTES = 512 * 2**20      # the copy-bandwidth probe: well past the L2
@@ -105,7 +119,7 @@ def contestants_for(ctx, dev, sets, b_major):
     splits = sorted({base.splits, 1} | {max(1, round(base.splits * f)) for f in SPLIT_FACTORS})
     for s in splits:
         variants[f"gemv {base.config.tag} k{s}"] = dataclasses.replace(base, splits=s)
-    for fields in K_MAJOR_VARIANTS if b_major == "k" else N_MAJOR_VARIANTS:
+    for fields in variant_fields(base.config, b_major):
         try:
             cfg = dataclasses.replace(base.config, **fields)
         except ValueError:
@@ -143,7 +157,7 @@ def precompile(dev, dt_name, layouts, shapes):
     for (m, n, k), b_major in ((s, l) for s in shapes for l in layouts):
         base = heuristics.choose(Problem(m, n, k, 1, dt_name, b_major=b_major), dev, "gemv").config
         cfgs.add(base)
-        for fields in K_MAJOR_VARIANTS if b_major == "k" else N_MAJOR_VARIANTS:
+        for fields in variant_fields(base, b_major):
             try:
                 cfgs.add(dataclasses.replace(base, **fields))
             except ValueError:

@@ -13,7 +13,8 @@ table of all of them comes LAST):
   sanitize   compute-sanitizer memcheck, racecheck, synccheck and initcheck on every schedule
              (forced) over edge shapes: tile edges, 1 row, 1 column, K below one k-block, K no
              multiple of the split, a batch, odd row pitches, transposes, a fused epilogue
-             (bias, c and an activation) at tile edges. Each (tool,
+             (bias, c and an activation) at tile edges; gemv over its own decode edge
+             shapes (GEMV_SHAPES). Each (tool,
              schedule) is one run of bench/reliability_driver.py under the tool, the results
              checked against a host product; memcheck takes every edge shape, the slower
              tools a few. memcheck, racecheck and synccheck instrument hopmm's kernels only
@@ -94,6 +95,12 @@ EDGE_SHAPES = {
     "transposed": "192x200x264:ta:tb:fp16",
     "fused": "129x257x130:fused",   # bias, c and an activation in the epilogue, at tile edges
 }
+# gemv's own edge shapes (decode: at most 16 rows, or few columns run transposed): one row;
+# 16 rows (the tensor-core loops) with K = 777 (a part chunk) and N a part column block;
+# 9 rows over K-major B with K = 2049; few columns (C^T = B^T A^T) with K below one chunk;
+# a batch; odd row pitches. Every tool takes all of them (each run is short).
+GEMV_SHAPES = ("1x264x192", "16x1000x777", "9x517x2049:tb", "300x8x5:ta", "7x72x136:b3",
+               "12x200x328:pitch")
 # The slower tools take the shapes most likely to find their kind of error.
 TOOL_SHAPES = {
     "memcheck": tuple(EDGE_SHAPES),
@@ -123,10 +130,31 @@ KNOWN_BLIND_SPOT = ("initcheck does not see TMA stores into the split-K workspac
                     "(test_workspace_is_written_before_it_is_read checks the order)")
 
 
+# gemv reads the last vector of a row's K range whole and masks the elements past K (no
+# element-wise loads: NOTES v0.21); in an aligned copy those bytes are padding no kernel wrote,
+# which initcheck reports as 16-byte uninitialised reads.
+# tests/test_gpu_gemv.py::test_k_tails_over_dirty_memory fills such padding with NaN: it never
+# reaches a result.
+MASKED_VECTOR_READ = "Uninitialized __global__ memory read of size 16 bytes"
+KNOWN_MASKED_READS = ("initcheck sees gemv's masked reads of a copy's row padding past K "
+                      "(test_k_tails_over_dirty_memory shows they never reach a result)")
+
+
 def known_blind_spot(tool: str, schedule: str, detail: str) -> bool:
     """Whether a failed sanitizer run is the one blind spot above and nothing else."""
     return (tool == "initcheck" and schedule in WORKSPACE_SCHEDULES
             and UNINITIALISED_READ in detail and "Invalid" not in detail)
+
+
+def known_report(tool: str, schedule: str, detail: str) -> str | None:
+    """Why a failed sanitizer run is a known, explained report and nothing else; None if it
+    is not."""
+    if known_blind_spot(tool, schedule, detail):
+        return KNOWN_BLIND_SPOT
+    if (tool == "initcheck" and schedule == "gemv" and MASKED_VECTOR_READ in detail
+            and "Invalid" not in detail):
+        return KNOWN_MASKED_READS
+    return None
 
 
 PROCESSES = 8
@@ -242,10 +270,15 @@ def parse_args(argv=None) -> argparse.Namespace:
         parser.error(f"unknown items {unknown}; known: {', '.join(ITEMS)}")
     args.items = items
     args.tools = _subset(parser, "--tools", args.tools, TOOLS)
-    from hopmm.schedules import DUAL_B_SCHEDULES, SCHEDULES
-    args.schedules = _subset(parser, "--schedules", args.schedules,
-                             (*SCHEDULES, *DUAL_B_SCHEDULES))
+    args.schedules = _subset(parser, "--schedules", args.schedules, sanitized_schedules())
     return args
+
+
+def sanitized_schedules() -> list:
+    """Every schedule the sanitizers run: the tile schedules, gemv and the shared-A ones."""
+    from hopmm.schedules import DUAL_B_SCHEDULES, SCHEDULES, STREAMING_SCHEDULES
+
+    return [*SCHEDULES, *STREAMING_SCHEDULES, *DUAL_B_SCHEDULES]
 
 
 def _subset(parser, flag: str, value, known) -> list | None:
@@ -389,9 +422,11 @@ def sanitizer_plan(schedules, quick: bool, tools=TOOLS) -> list:
     table = QUICK_TOOL_SHAPES if quick else TOOL_SHAPES
     plan = []
     for tool in tools:
-        shapes = [EDGE_SHAPES[s] for s in table[tool]]
-        runs = [[spec] for spec in shapes] if tool in SHAPE_BY_SHAPE_TOOLS else [shapes]
-        plan += [(tool, schedule, run) for schedule in schedules for run in runs]
+        for schedule in schedules:
+            shapes = (list(GEMV_SHAPES) if schedule == "gemv"
+                      else [EDGE_SHAPES[s] for s in table[tool]])
+            runs = [[spec] for spec in shapes] if tool in SHAPE_BY_SHAPE_TOOLS else [shapes]
+            plan += [(tool, schedule, run) for run in runs]
     return plan
 
 
@@ -414,8 +449,6 @@ def judge_sanitizer_run(rc: int, output: str) -> tuple[str, str]:
 
 
 def sanitize(args, results: list) -> None:
-    from hopmm.schedules import DUAL_B_SCHEDULES, SCHEDULES
-
     sanitizer, places = find_sanitizer(args.sanitizer)
     if sanitizer is None:
         emit(results, Result("sanitize", SANITIZER_NAME, "skip",
@@ -423,7 +456,7 @@ def sanitize(args, results: list) -> None:
                              + (", ..." if len(places) > 6 else "") + "): install the CUDA "
                              "toolkit's compute-sanitizer or pass --sanitizer PATH"))
         return
-    plan = sanitizer_plan(args.schedules or [*SCHEDULES, *DUAL_B_SCHEDULES], args.quick,
+    plan = sanitizer_plan(args.schedules or sanitized_schedules(), args.quick,
                           args.tools or TOOLS)
 
     def run(job):
@@ -436,8 +469,9 @@ def sanitize(args, results: list) -> None:
             status, detail = judge_sanitizer_run(done.returncode, done.stdout + done.stderr)
         except subprocess.TimeoutExpired:
             status, detail = "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
-        if status == "FAIL" and known_blind_spot(tool, schedule, detail):
-            status, detail = "known", f"{KNOWN_BLIND_SPOT}; {detail}"
+        known = known_report(tool, schedule, detail) if status == "FAIL" else None
+        if known is not None:
+            status, detail = "known", f"{known}; {detail}"
         # A run of one shape (SHAPE_BY_SHAPE_TOOLS) is named by it.
         name = f"{tool} {schedule}" + (f" {shapes[0]}" if len(shapes) == 1 else "")
         return Result("sanitize", name, status, f"{len(shapes)} shapes: {detail}",

@@ -378,6 +378,36 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
             f"cuBLAS reads such rows in place")
 
 
+# The one-kernel shared-A products (schedules.DUAL_B_SCHEDULES) against the composed path (one
+# plain product per B). Their 128 x 128 tile with two Bs ties the plain schedules where the
+# products are compute-bound and loses to them where B streams from DRAM (bench/NOTES.md
+# v0.21: 0.81 x the composed swiglu's time at 4096 x 14336 x 4096, 2.9 x at 256 rows). So it
+# pays where the products' arithmetic intensity is at least DUAL_B_MIN_RIDGES ridge points
+# (FLOOR_TFLOPS / COPY_TBPS) and the traffic it saves (schedule.saved_bytes) at COPY_TBPS
+# outlasts DUAL_B_PENALTY of the products' compute floor, the dual tile's measured deficit to
+# the plain schedules' best tiles (matmul_shared_a at 4096 rows: 1.01-1.03 x).
+DUAL_B_MIN_RIDGES = 2.0
+DUAL_B_PENALTY = 0.03
+
+
+def dual_b_pays(schedule, batch: int, m: int, n: int, k: int, itemsize: int) -> tuple:
+    """(whether the one-kernel `schedule` beats the composed path, why), by the model above,
+    for two products of an (m x k) A with (k x n) Bs, `batch` times."""
+    flops = 2 * 2 * batch * m * n * k
+    moved = itemsize * batch * (m * k + 2 * k * n + schedule.outputs * m * n)
+    ridges = flops / moved / (FLOOR_TFLOPS / COPY_TBPS)
+    if ridges < DUAL_B_MIN_RIDGES:
+        return False, (f"{schedule.name}: {ridges:.2f} ridge points of arithmetic intensity, "
+                       f"under {DUAL_B_MIN_RIDGES:g}: B streams from DRAM, where the plain "
+                       f"schedules' tiles are faster")
+    saved_us = schedule.saved_bytes(batch, m, n, k, itemsize) / (COPY_TBPS * 1e6)
+    penalty_us = DUAL_B_PENALTY * flops / (FLOOR_TFLOPS * 1e6)
+    pays = saved_us > penalty_us
+    return pays, (f"{schedule.name}: one kernel saves {saved_us:.1f} us of traffic against "
+                  f"a {penalty_us:.1f} us tile penalty ({DUAL_B_PENALTY:g} of the compute "
+                  f"floor): {'one kernel' if pays else 'composed'}")
+
+
 # gemv (GemvSchedule): B streamed once by CUDA-core FMAs, for outputs of few rows. Its model:
 #   time(s) = max(bytes / (GEMV_DRAM_TBPS x fill),  2 x rows computed x N x K / GEMV_FMA_TFLOPS)
 #             + GEMV_LAUNCH_US  +  (s > 1: GEMV_SPLIT_US + the partials' bytes / GEMV_DRAM_TBPS)
@@ -388,6 +418,13 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
 # - GEMV_FMA_TFLOPS: the fp32 FMA rate with the bf16 -> fp32 conversions, measured at 16 rows
 #   (v0.18: ~21 TFLOP/s, a third of the CUDA cores' peak), so from ~8 rows on split_k_parallel's
 #   tensor cores win;
+# - GEMV_MMA_TFLOPS: the tensor-core loops' rate (GemvConfig.mma, 8-16 rows): mma.sync's
+#   bound is far above any stream's, so memory decides (predicted; NOTES v0.21);
+# - GEMV_MMA_DRAM_TBPS: the tensor-core loops' stream rate by B's layout, in place of
+#   GEMV_DRAM_TBPS (the one-row rate): fitted so that the model's whole estimate meets the
+#   measured time of the heuristic's config at 16 rows (v0.21, H100: K-major 53.4 / 50.4 us
+#   at 16 x 8192 x 8192 / 16 x 14336 x 4096, N-major 61.5 / 51.1 us; the N-major loop's
+#   eight row loads per lane and chunk stream less evenly);
 # - GEMV_LAUNCH_US: launch, first loads' latency and the last CTAs' tail (predicted);
 # - GEMV_SPLIT_US: the last CTA of a tile reading every split's partial and the counter's
 #   round trip (predicted);
@@ -399,6 +436,8 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
 #   CTAs they add (predicted).
 GEMV_DRAM_TBPS = 2.85
 GEMV_FMA_TFLOPS = 21.0
+GEMV_MMA_TFLOPS = 200.0
+GEMV_MMA_DRAM_TBPS = {"k": 2.75, "n": 2.35}
 GEMV_LAUNCH_US = 2.0
 GEMV_SPLIT_US = 1.0
 GEMV_INFLIGHT_PER_SM = 48 * 1024
@@ -436,9 +475,10 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     bytes_ = (b + ac) * kp.batch
     ctas = row_groups * col_blocks * min(kp.batch, MAX_GRID_Z) * splits
     fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
-    memory = bytes_ / (GEMV_DRAM_TBPS * 1e6 * fill)
+    rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS)
+    memory = bytes_ / (rate * 1e6 * fill)
     compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
-               / (GEMV_FMA_TFLOPS * 1e6))
+               / ((GEMV_MMA_TFLOPS if cfg.mma else GEMV_FMA_TFLOPS) * 1e6))
     split = 0.0
     if splits > 1:
         partials = 2 * ctas * cfg.max_rows * cfg.block_n * F32_BYTES
@@ -459,9 +499,14 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
         return None
     kp = GemvSchedule.kernel_problem(problem, GemvConfig.default(problem.dtype, False, False, 1,
                                                                  trans_c))
-    cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c)
-    splits = gemv_splits(problem, cfg, device)
-    estimate = gemv_estimate_us(problem, cfg, splits, device)
+    # The tensor-core loops or the CUDA-core ones, whichever the model says is faster (from
+    # 8 rows they differ: an FMA bound against a slower N-major stream).
+    options = []
+    for mma in (True, False):
+        cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c, mma)
+        splits = gemv_splits(problem, cfg, device)
+        options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits))
+    estimate, _, cfg, splits = min(options)
     if not forced and rival_us is not None and estimate >= rival_us:
         return None
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)

@@ -723,6 +723,12 @@ class SharedASchedule(PersistentSchedule):
     def own_config_fields(cls) -> dict:
         return {"kDualStore": cls.dual_store}
 
+    @staticmethod
+    def saved_bytes(batch: int, m: int, n: int, k: int, itemsize: int) -> int:
+        """DRAM bytes one kernel saves against one plain product per B: A read once, not
+        twice."""
+        return itemsize * batch * m * k
+
     @classmethod
     def check(cls, cfg: KernelConfig) -> None:
         # The kernel has one chain's operands: a bias or c would go to both products.
@@ -751,6 +757,13 @@ class SwigluSchedule(SharedASchedule):
     extra_params = "\n               const __grid_constant__ hopmm::TensorMap map_b2,"
     extra_args = " &map_b2, nullptr,"
 
+    @staticmethod
+    def saved_bytes(batch: int, m: int, n: int, k: int, itemsize: int) -> int:
+        """DRAM bytes one kernel saves against two plain products and the gating pass: A read
+        once, and neither product written, read back, nor the result written by a second
+        pass."""
+        return itemsize * batch * (m * k + 4 * m * n)
+
     @classmethod
     def check(cls, cfg: KernelConfig) -> None:
         if cfg.epilogue is not None:
@@ -774,9 +787,17 @@ GEMV_MAX_ROWS = (1, 2, 4, 8, 16)
 # Counters leading the split-K scratch buffer (workspace.gemv_scratch), one per (batch slot,
 # CTA tile) of a split launch: splitting is for launches of few tiles, far below this.
 GEMV_COUNTERS = 4096
-# M-major A with N-major B gathers A element by element: 16 rows of it spill registers (ptxas),
-# so that layout takes groups of 8 rows.
+# Row groups from which the tensor-core loops (mma.m16n8k16) replace the FMA loops: from 8 rows
+# the FMAs bind (kernel_gemv.cuh; NOTES v0.18: 16 rows at a third of the copy bandwidth).
+GEMV_MMA_ROWS = (8, 16)
+# M-major A with N-major B gathers A element by element: 16 rows of it spill the CUDA-core
+# loops' registers (ptxas), so those loops take that layout in groups of 8 rows.
 GEMV_TN_MAX_ROWS = 8
+# The tensor-core loops' unit of K (kMmaChunk: a quad of lanes x 8 elements), their K-major
+# columns per warp (the mma's 16 rows) and their N-major columns per CTA (eight n8 mmas).
+GEMV_MMA_CHUNK = 32
+GEMV_MMA_WARP_COLS = 16
+GEMV_MMA_N_MAJOR_COLS = 64
 COUNTER_BYTES = 4  # one u32
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (gemv's K splits)
 
@@ -789,7 +810,9 @@ class GemvConfig:
     B, a multiple of 8). The K split is a launch parameter (Choice.splits). With trans_c the
     kernel computes C^T = B^T A^T (a problem of few columns and many rows): its A is the
     problem's B^T, its B the problem's A^T, and it stores C transposed; trans_a and trans_b
-    then describe the kernel's operands (GemvSchedule.kernel_problem)."""
+    then describe the kernel's operands (GemvSchedule.kernel_problem). With mma (8 or 16
+    rows) the inner loops run on tensor cores: a K-major warp owns 16 columns, an N-major CTA
+    64, cols is 1, and unroll counts 32-element chunks of K in flight."""
     dtype: str
     trans_a: bool   # the kernel's A is M-major
     trans_b: bool   # the kernel's B is N-major
@@ -798,6 +821,7 @@ class GemvConfig:
     cols: int = 4
     unroll: int = 2
     trans_c: bool = False
+    mma: bool = False
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -806,7 +830,13 @@ class GemvConfig:
             raise ValueError(f"max_rows must be one of {GEMV_MAX_ROWS}, got {self.max_rows}")
         if not 1 <= self.warps <= 32:
             raise ValueError(f"1 to 32 warps per CTA, got {self.warps}")
-        if self.trans_b:
+        if self.mma:
+            if self.max_rows not in GEMV_MMA_ROWS:
+                raise ValueError(f"tensor-core gemv: max_rows one of {GEMV_MMA_ROWS}, got "
+                                 f"{self.max_rows}")
+            if self.cols != 1 or self.unroll < 1:
+                raise ValueError("tensor-core gemv: cols = 1 and a positive unroll (chunks)")
+        elif self.trans_b:
             if self.cols != 1:
                 raise ValueError("N-major B: each lane owns one vector of columns (cols = 1)")
             if self.unroll < GEMV_VEC or self.unroll % GEMV_VEC:
@@ -818,6 +848,8 @@ class GemvConfig:
     @property
     def block_n(self) -> int:
         """Columns of C one CTA computes."""
+        if self.mma:
+            return GEMV_MMA_N_MAJOR_COLS if self.trans_b else self.warps * GEMV_MMA_WARP_COLS
         if self.trans_b:
             return WARP_THREADS * GEMV_VEC
         return self.warps * self.cols
@@ -828,7 +860,11 @@ class GemvConfig:
 
     @property
     def inflight_bytes(self) -> int:
-        """Bytes of B one CTA has in flight: a 16-byte vector per lane, unroll x cols."""
+        """Bytes of B one CTA has in flight: a 16-byte vector per lane, unroll x cols; on tensor
+        cores, unroll chunks of B's 32 x block_n elements per warp (K-major: its columns)."""
+        if self.mma:
+            warp_cols = GEMV_MMA_N_MAJOR_COLS if self.trans_b else GEMV_MMA_WARP_COLS
+            return self.warps * self.unroll * GEMV_MMA_CHUNK * warp_cols * ELEM_BYTES
         return self.threads * self.unroll * self.cols * GEMV_VEC * ELEM_BYTES
 
     @property
@@ -836,17 +872,23 @@ class GemvConfig:
         layout = ("T" if self.trans_a else "N") + ("N" if self.trans_b else "T")
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
         swap = "_ct" if self.trans_c else ""
-        return (f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}{swap}_"
+        tc = "_tc" if self.mma else ""
+        return (f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}{swap}{tc}_"
                 f"{layout}")
 
     @classmethod
     def default(cls, dtype: str, trans_a: bool, trans_b: bool, rows: int,
-                trans_c: bool = False) -> "GemvConfig":
+                trans_c: bool = False, mma: bool = True) -> "GemvConfig":
         """The config for `rows` rows of C: the next max_rows step, and per layout the shape
         that keeps 32 KB or more of B in flight per CTA (8 warps x 32 lanes x 16 B x
-        unroll (x cols)): predictions, to be swept on the GPU (bench/gemv_tune.py)."""
-        top = GEMV_TN_MAX_ROWS if trans_a and trans_b else GEMV_MAX_ROWS[-1]
-        max_rows = next((r for r in GEMV_MAX_ROWS if r >= min(rows, top)), top)
+        unroll (x cols)): predictions, to be swept on the GPU (bench/gemv_tune.py). From
+        GEMV_MMA_ROWS[0] rows on, the tensor-core loops (32 KB in flight per CTA), unless
+        `mma` is False."""
+        top = GEMV_TN_MAX_ROWS if trans_a and trans_b and not mma else GEMV_MAX_ROWS[-1]
+        max_rows = next(r for r in GEMV_MAX_ROWS if r >= min(rows, top))
+        if mma and max_rows in GEMV_MMA_ROWS:
+            return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1,
+                       unroll=1 if trans_b else 4, trans_c=trans_c, mma=True)
         if trans_b:
             return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1, unroll=8,
                        trans_c=trans_c)
@@ -891,6 +933,12 @@ class GemvSchedule:
 
     @staticmethod
     def consumer_roles(cfg: GemvConfig) -> str:
+        if cfg.mma:
+            if cfg.trans_b:
+                return (f"{cfg.warps} warps take turns of {cfg.unroll} 32-row chunks of N-major "
+                        f"B, eight n8 mma.m16n8k16 each; partials added in warp order")
+            return (f"{cfg.warps} warps of {GEMV_MMA_WARP_COLS} columns each on mma.m16n8k16 "
+                    f"(C^T = B^T A^T), {cfg.unroll} 32-element chunks of K-major B in flight")
         if cfg.trans_b:
             return (f"{cfg.warps} warps take turns of {cfg.unroll} rows of N-major B, each lane "
                     f"{GEMV_VEC} columns; partials added in warp order")
@@ -917,12 +965,13 @@ class GemvSchedule:
 
     @classmethod
     def max_splits(cls, problem: Problem, cfg: GemvConfig, batch_count: int) -> int:
-        """One vector (or 8-row group) of K per split at the least, and a counter per tile of
+        """One vector (8-row group, tensor-core chunk) of K per split at the least, and a counter per tile of
         the launch (GEMV_COUNTERS); at least 1."""
         row_groups, col_blocks = cls.tiles(problem, cfg)
         if row_groups * col_blocks * batch_count > GEMV_COUNTERS:
             return 1
-        return max(1, min(MAX_GRID_Y, -(-problem.k // GEMV_VEC)))
+        granule = GEMV_MMA_CHUNK if cfg.mma else GEMV_VEC   # kernel_gemv.cuh's split_range
+        return max(1, min(MAX_GRID_Y, -(-problem.k // granule)))
 
     @classmethod
     def grid(cls, problem: Problem, cfg: GemvConfig, batch_count: int, sm_count: int = 0,
@@ -965,20 +1014,23 @@ class GemvSchedule:
             "kBf16": cfg.dtype == "bfloat16", "kAKMajor": not cfg.trans_a,
             "kBKMajor": not cfg.trans_b, "kMaxRows": cfg.max_rows, "kWarps": cfg.warps,
             "kCols": cfg.cols, "kUnroll": cfg.unroll, "kBlockN": cfg.block_n,
-            "kCounters": GEMV_COUNTERS, "kTransC": cfg.trans_c,
+            "kCounters": GEMV_COUNTERS, "kTransC": cfg.trans_c, "kMma": cfg.mma,
         }
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
                                     {"THREADS": str(cfg.threads)}, entry=cls.entry)
 
     @classmethod
     def configs(cls, smem_limit: int = 0) -> list[GemvConfig]:
-        """The default config of every row step, dtype and layout (the heuristic's set), and
-        the transposed store of the smallest and largest step."""
+        """The default config of every row step, dtype and layout, on tensor cores and off
+        them (the heuristic's set), and the transposed store of the smallest and largest
+        step."""
         steps = [(rows, False) for rows in GEMV_MAX_ROWS]
         steps += [(GEMV_MAX_ROWS[0], True), (GEMV_MAX_ROWS[-1], True)]
         return list(dict.fromkeys(
-            GemvConfig.default(dtype, ta, tb, rows, trans_c) for (rows, trans_c), dtype, ta, tb
-            in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True))))
+            GemvConfig.default(dtype, ta, tb, rows, trans_c, mma)
+            for (rows, trans_c), dtype, ta, tb, mma
+            in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True),
+                                 (True, False))))
 
 
 # Schedules that are not TMA/wgmma tile schedules (SCHEDULES holds those); use_schedule

@@ -11,7 +11,8 @@ Two paths compute them:
   wgmma per B in one commit group, one flush before the epilogue; swiglu's silu(gate) * up
   applied to the fp32 accumulators before its one rounding. It reads two Bs of one shape and
   layout, with neither bias nor an output that needs an aligned copy; other calls are composed.
-  The heuristic does not pick it by itself until its speed is measured (bench/NOTES.md).
+  Without `use_schedule`, heuristics.dual_b_pays decides: one kernel where the products are
+  compute-bound and the traffic it saves outweighs its tile's deficit (swiglu on many rows).
 
 Every argument is validated, for every B, before anything is launched.
 """
@@ -121,12 +122,17 @@ def _gated_product():
 
 
 def _one_kernel(schedule, a, b0, b1, checked: _Checked, first: int) -> bool:
-    """Whether products `first` and `first + 1` run on the forced shared-A `schedule`: both
-    on hopmm's kernels, Bs of one shape, dtype and strides, no bias, and an output the kernel
-    stores in place."""
-    if api._schedule_override != schedule.name:
-        return False
+    """Whether products `first` and `first + 1` run on the shared-A `schedule`: where
+    `use_schedule` names it, or names nothing and heuristics.dual_b_pays; and where both are on
+    hopmm's kernels, with Bs of one shape, dtype and strides, no bias, and an output the
+    kernel stores in place."""
     p0, p1 = checked.plans[first], checked.plans[first + 1]
+    if api._schedule_override is None:
+        s = p0.shapes
+        if not heuristics.dual_b_pays(schedule, s.batch, s.m, s.n, s.k, a.itemsize)[0]:
+            return False
+    elif api._schedule_override != schedule.name:
+        return False
     if p0.path != "kernel" or p1.path != "kernel":
         return False
     if checked.biases[first] is not None or checked.biases[first + 1] is not None:

@@ -2,6 +2,7 @@
 keep the programmatic-launch rule; its configs and launch geometry; the heuristic's choices
 (decode shapes take gemv, larger M and calls with a fused epilogue do not)."""
 import re
+from dataclasses import replace
 
 import pytest
 
@@ -40,20 +41,25 @@ def test_compiles_without_spills(compiled):
     assert r.registers <= REGISTER_FILE // cfg.threads
 
 
-def test_sass_streams_without_tensor_cores(compiled):
-    """CUDA-core FMAs on 128-bit loads, no local memory, nothing global before
-    griddepcontrol.wait (launches are programmatic), the next kernel let in."""
+def test_sass_streams_on_the_intended_units(compiled):
+    """CUDA-core FMAs (or, for 8-16 rows, mma.m16n8k16 with fp32 accumulators) on 128-bit
+    loads, no wgmma, TMA or local memory, nothing global before griddepcontrol.wait (launches
+    are programmatic), the next kernel let in."""
     tool = sass.find_cuobjdump()
     if tool is None:
         pytest.skip("cuobjdump not installed (pip install nvidia-cuda-cuobjdump)")
-    _, kernel = compiled
+    cfg, kernel = compiled
     listing = sass.cached_listing(kernel.cubin_path, tool)
     s = sass.summarize_listing(listing)
     assert s.arch == "sm_90a"
     assert s.counts["hgmma"] == 0 and s.counts["tma_load"] == 0
     assert s.counts["local_memory"] == 0
     # B: 16-byte loads that allocate no L1 line and prefetch 256 B into L2 (ld_stream_v4)
-    assert re.search(r"\bLDG\.E\.NA\.LTC256B\.128\b", listing) and "FFMA" in listing
+    assert re.search(r"\bLDG\.E\.NA\.LTC256B\.128\b", listing)
+    if cfg.mma:
+        assert "HMMA.16816.F32" in listing
+    else:
+        assert "FFMA" in listing and "HMMA" not in listing
     assert s.counts["dependency_wait"] == 1 and s.counts["launch_dependents"] >= 1
     assert sass.global_access_before_dependency_wait(listing) == []
 
@@ -66,7 +72,8 @@ def test_gemv_is_registered_apart_from_the_tile_schedules():
 @pytest.mark.parametrize("kwargs,match", [
     (dict(max_rows=3), "max_rows"), (dict(warps=0), "warps"),
     (dict(trans_b=True, cols=2, unroll=8), "cols"), (dict(trans_b=True, cols=1, unroll=4), "unroll"),
-    (dict(dtype="float32"), "dtype")])
+    (dict(dtype="float32"), "dtype"), (dict(mma=True), "max_rows"),
+    (dict(mma=True, max_rows=16, cols=4), "cols"), (dict(mma=True, max_rows=8, unroll=0), "unroll")])
 def test_config_validates(kwargs, match):
     base = dict(dtype="bfloat16", trans_a=False, trans_b=False, max_rows=4)
     with pytest.raises(ValueError, match=match):
@@ -86,30 +93,45 @@ def test_tags_name_every_tunable():
     assert GemvConfig("bfloat16", False, True, 1, cols=1, unroll=8).block_n == 256
     swapped = GemvConfig("bfloat16", False, True, 1, cols=1, unroll=8, trans_c=True)
     assert GemvSchedule.kernel_name(swapped) == "hopmm_gemv_bf16_m1_w8_c1_u8_ct_NN"
+    # Tensor cores: a K-major warp owns 16 columns, an N-major CTA 64.
+    tc = GemvConfig("bfloat16", False, False, 16, warps=8, cols=1, unroll=4, mma=True)
+    assert GemvSchedule.kernel_name(tc) == "hopmm_gemv_bf16_m16_w8_c1_u4_tc_NT"
+    assert tc.block_n == 128 and tc.inflight_bytes == 8 * 4 * 32 * 16 * 2
+    assert replace(tc, trans_b=True, unroll=1).block_n == 64
 
 
 def test_grid_and_scratch():
     p = Problem(20, 1000, 4096, 3, "bfloat16", b_major="k")
-    cfg = GemvConfig.default("bfloat16", False, False, 20)   # 16 rows, 32 columns a CTA
-    assert GemvSchedule.tiles(p, cfg) == (2, 32)
-    assert GemvSchedule.grid(p, cfg, 3, splits=4) == (64, 4, 3)
+    cfg = GemvConfig.default("bfloat16", False, False, 20)   # 16 rows, 128 columns a CTA
+    assert cfg.mma and GemvSchedule.tiles(p, cfg) == (2, 8)
+    assert GemvSchedule.grid(p, cfg, 3, splits=4) == (16, 4, 3)
     assert GemvSchedule.scratch_bytes(p, cfg, 3, 1) == 0
-    assert GemvSchedule.scratch_bytes(p, cfg, 3, 4) == GEMV_COUNTERS * 4 + 64 * 3 * 4 * 16 * 32 * 4
+    assert GemvSchedule.scratch_bytes(p, cfg, 3, 4) == GEMV_COUNTERS * 4 + 16 * 3 * 4 * 16 * 128 * 4
+    # a 32-element chunk of K per split at the least on tensor cores, a vector on CUDA cores
+    GemvSchedule.grid(p, cfg, 3, splits=4096 // 32)
     with pytest.raises(ValueError, match="splits"):
-        GemvSchedule.grid(p, cfg, 3, splits=4096 // 8 + 1)
+        GemvSchedule.grid(p, cfg, 3, splits=4096 // 32 + 1)
+    fma = GemvConfig.default("bfloat16", False, False, 4)
+    assert GemvSchedule.max_splits(p, fma, 3) == 4096 // 8
     # more tiles than counters: unsplit only
     wide = Problem(1, 8 * 32 * GEMV_COUNTERS, 64, 1, "bfloat16", b_major="k")
     assert GemvSchedule.max_splits(wide, GemvConfig.default("bfloat16", False, False, 1), 1) == 1
 
 
-# The issue's decode shapes (M x N x K) and the tuning set's that gemv streams at the DRAM rate;
-# from 16 rows on its CUDA-core FMAs bind (bench/NOTES.md v0.18).
+# The issue's decode shapes (M x N x K) and the tuning set's that gemv streams at the DRAM rate
+# (from 8 rows on tensor cores: the CUDA-core FMAs bind there, bench/NOTES.md v0.18).
 DECODE = [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192), (8, 8192, 8192),
-          (1, 4096, 4096), (4, 14336, 4096)]
+          (1, 4096, 4096), (4, 14336, 4096), (16, 8192, 8192), (16, 28672, 8192),
+          (16, 14336, 4096)]
 
 
-@pytest.mark.parametrize("b_major", ["k", "n"])
-@pytest.mark.parametrize("m,n,k", DECODE, ids=[f"{m}x{n}x{k}" for m, n, k in DECODE])
+# N-major B takes gemv up to 8 rows (at 16, split_k_parallel: the next test).
+DECODE_CASES = [(m, n, k, b_major) for m, n, k in DECODE for b_major in "kn"
+                if b_major == "k" or m <= 8]
+
+
+@pytest.mark.parametrize("m,n,k,b_major", DECODE_CASES,
+                         ids=[f"{m}x{n}x{k}_{b}" for m, n, k, b in DECODE_CASES])
 def test_decode_shapes_take_gemv(m, n, k, b_major):
     p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
     c = heuristics.choose(p, H100_SXM)
@@ -124,15 +146,28 @@ def test_decode_shapes_take_gemv(m, n, k, b_major):
 
 
 @pytest.mark.parametrize("b_major", ["k", "n"])
-@pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (16, 28672, 8192)])
-def test_sixteen_rows_stay_on_tensor_cores(m, n, k, b_major):
-    """16 x 8192 x 8192 ran gemv at 0.44-0.49 of the copy bandwidth (~21 TFLOP/s of FMAs) and
-    split_k_parallel at 0.82-0.86 (v0.18): the FMA term of the model must say so."""
+@pytest.mark.parametrize("m,n,k", [(16, 8192, 8192), (16, 28672, 8192), (8, 8192, 8192)])
+def test_rows_of_eight_to_sixteen_stream_on_tensor_cores(m, n, k, b_major):
+    """16 x 8192 x 8192 ran the FMA loops at 0.44-0.49 of the copy bandwidth (~21 TFLOP/s of
+    FMAs, v0.18): 8-16 rows take the mma loops, whose model is bound by B's bytes alone, at
+    their measured stream rate (v0.21). K-major B then takes gemv; N-major B, whose mma loop
+    streams at 2.35 TB/s, stays on split_k_parallel (0.86 of the copy bandwidth there)."""
     p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
-    assert heuristics.choose(p, H100_SXM).schedule.name == "split_k_parallel"
+    est = {}
+    for mma in (True, False):
+        cfg = GemvConfig.default("bfloat16", False, b_major == "n", m, mma=mma)
+        est[mma] = heuristics.gemv_estimate_us(p, cfg, heuristics.gemv_splits(p, cfg, H100_SXM),
+                                               H100_SXM)
+    rate = heuristics.GEMV_MMA_DRAM_TBPS[b_major]
+    stream = (n * k + m * k + m * n) * 2 / (rate * 1e6)
+    assert stream < est[True] < 1.2 * stream
+    # gemv (forced or not) takes the loops the model finds faster: tensor cores at 16 rows;
+    # at 8 rows of N-major B the FMAs are not yet bound and its stream is the faster one.
     forced = heuristics.choose(p, H100_SXM, "gemv")
-    assert (heuristics.gemv_estimate_us(p, forced.config, forced.splits, H100_SXM)
-            > 2 * m * n * k / (heuristics.GEMV_FMA_TFLOPS * 1e6))
+    assert forced.config.mma == (est[True] <= est[False])
+    assert forced.config.mma == (m == 16 or b_major == "k")
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule.name == ("split_k_parallel" if b_major == "n" and m == 16 else "gemv")
 
 
 @pytest.mark.parametrize("m", [17, 64, 128, 4096])
@@ -173,10 +208,12 @@ def test_forced_gemv_takes_any_rows():
     p = Problem(100, 300, 70, 2, "float16", b_major="k")
     c = heuristics.choose(p, H100_SXM, "gemv")
     assert c.schedule is GemvSchedule and c.config.max_rows == 16 and "forced" in c.reason
-    assert GemvSchedule.grid(p, c.config, 2, splits=c.splits)[0] == 7 * 10
-    # M-major A with N-major B takes groups of 8 rows (GEMV_TN_MAX_ROWS)
+    assert GemvSchedule.grid(p, c.config, 2, splits=c.splits)[0] == 7 * -(-300 // c.config.block_n)
+    # M-major A with N-major B: groups of 16 rows on tensor cores, 8 on the CUDA cores.
     tn = heuristics.choose(Problem(100, 300, 70, 2, "float16", a_major="m"), H100_SXM, "gemv")
-    assert tn.config.max_rows == 8 and tn.config.trans_a and tn.config.trans_b
+    assert tn.config.trans_a and tn.config.trans_b
+    assert tn.config.max_rows == (16 if tn.config.mma else 8)
+    assert GemvConfig.default("float16", True, True, 100, mma=False).max_rows == 8
 
 
 def test_model_terms():
@@ -189,10 +226,11 @@ def test_model_terms():
     assert est(p, cfg, 2, H100_SXM) > est(p, cfg, 1, H100_SXM)
     few = Problem(1, 256, 8192, 1, "bfloat16", b_major="k")
     assert est(few, cfg, 1, H100_SXM) > 2 * est(few, cfg, 8, H100_SXM) - heuristics.GEMV_LAUNCH_US
-    # rows past max_rows read B again (and do the FMAs again)
+    # rows past max_rows read B again
     big = GemvConfig.default("bfloat16", False, False, 16)
-    assert est(Problem(32, 8192, 8192, 1, "bfloat16", b_major="k"), big, 2, H100_SXM) > \
-        1.8 * est(Problem(16, 8192, 8192, 1, "bfloat16", b_major="k"), big, 2, H100_SXM)
+    p16, p32 = (Problem(m, 8192, 8192, 1, "bfloat16", b_major="k") for m in (16, 32))
+    assert est(p32, big, heuristics.gemv_splits(p32, big, H100_SXM), H100_SXM) > \
+        1.8 * est(p16, big, heuristics.gemv_splits(p16, big, H100_SXM), H100_SXM)
 
 
 def test_max_rows_steps_cover_the_heuristic_limit():

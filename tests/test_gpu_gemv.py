@@ -133,6 +133,58 @@ def test_tunables_n_major(config):
     assert rel_err(c, a, b) < TOL["float16"]
 
 
+def _dirty_pool():
+    """Fills memory the pool then hands out again with NaN: a read of anything a kernel was
+    not given (padding of an aligned copy, bytes past K) then shows in its result."""
+    import cupy
+
+    junk = [cupy.full((1 << 20,), cupy.nan, dtype=cupy.float32) for _ in range(64)]
+    del junk
+
+
+@pytest.mark.parametrize("k", [5, 1030])
+@pytest.mark.parametrize("a_major,b_major", [("k", "k"), ("k", "n"), ("m", "k"), ("m", "n")])
+@pytest.mark.parametrize("m,n", [(16, 2000), (2000, 16), (8, 300), (300, 8)])
+def test_k_tails_over_dirty_memory(m, n, k, a_major, b_major):
+    """K not a multiple of the 32-element chunk, in every layout, both ways round (C^T =
+    B^T A^T for few columns), with odd pitches (aligned copies whose padding is NaN) and
+    without, on memory that held NaN: nothing past K reaches a result."""
+    import cupy
+
+    dtype = "bfloat16"
+
+    def nan_padded(rows, cols, pad):
+        x = cupy.full((rows, cols + pad), cupy.nan, dtype=dtype)
+        x[:, :cols] = rand((rows, cols), dtype)
+        return x[:, :cols]
+
+    # Pitches of whole 16-byte vectors (read in place, NaN between K and the pitch) and odd
+    # ones (aligned copies).
+    for pad in ((-k) % 8 or 8, 1):
+        _dirty_pool()
+        a = nan_padded(m, k, pad) if a_major == "k" else nan_padded(k, m, pad).T
+        b = nan_padded(n, k, pad).T if b_major == "k" else nan_padded(k, n, pad)
+        _dirty_pool()
+        c, choice = run_gemv(a, b, mma=True, cols=1, unroll=2,
+                             max_rows=8 if min(m, n) <= 8 else 16)
+        assert choice.config.mma
+        assert rel_err(c, a, b) < TOL[dtype]
+
+
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("m,config", [(3, dict(max_rows=8)), (13, dict(unroll=2)),
+                                      (16, dict(unroll=3, warps=4)), (11, dict(warps=2))])
+def test_tunables_tensor_cores(m, config, b_major):
+    """The mma loops at other unrolls, warps and row steps, over K = 2049 (a last chunk of one
+    element) and N = 517 (a part of the last column block)."""
+    a = rand((m, 2049), "bfloat16")
+    b = rand((517, 2049), "bfloat16").T if b_major == "k" else rand((2049, 517), "bfloat16")
+    mma = dict(mma=True, cols=1, max_rows=16, unroll=1)
+    c, choice = run_gemv(a, b, 3, **{**mma, **config})
+    assert choice.config.mma
+    assert rel_err(c, a, b) < TOL["bfloat16"]
+
+
 @pytest.mark.parametrize("b_major", ["k", "n"])
 @pytest.mark.parametrize("m", [1, 8, 16])
 def test_m_major_a(m, b_major):
@@ -231,8 +283,8 @@ def test_repeat_calls_take_the_fast_path_on_new_operands():
 @pytest.mark.parametrize("m", [1, 4, 8, 16])
 def test_decode_default_path(m, b_major):
     """Unforced, the heuristic takes the schedule its model picks on the issue's decode shapes
-    (gemv up to 8 rows; at 16 the FMAs bind and split-K wins, NOTES v0.18); the result is
-    right."""
+    (gemv for K-major B, on tensor cores from 8 rows; for N-major B gemv up to 8 rows, then
+    split_k_parallel, NOTES v0.21); the result is right."""
     import cupy
 
     import hopmm
@@ -241,7 +293,7 @@ def test_decode_default_path(m, b_major):
     dtype = "bfloat16"
     a = rand((m, 8192), dtype)
     b = rand((8192, 8192), dtype) if b_major == "n" else rand((8192, 8192), dtype).T
-    expected = "gemv" if m <= 8 else "split_k_parallel"
+    expected = "split_k_parallel" if b_major == "n" and m == 16 else "gemv"
     assert f"schedule: {expected}" in hopmm.explain(a, b)
     out = cupy.full((m, 8192), cupy.nan, dtype=dtype)
     hopmm.matmul(a, b, out=out)

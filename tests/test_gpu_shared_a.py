@@ -125,6 +125,28 @@ def test_composed_calls(dtype):
     check_close(y, _silu(p0) * p1, dtype)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_unforced_swiglu_where_the_one_kernel_pays(dtype, monkeypatch):
+    """Compute-bound rows: the heuristic takes the one kernel by itself."""
+    import hopmm
+    from hopmm import shared_a
+    from hopmm.schedules import SwigluSchedule
+
+    m, n, k = 1536, 1024, 1280
+    assert hopmm.heuristics.dual_b_pays(SwigluSchedule, 1, m, n, k, 2)[0]
+    runs = []
+    run_dual = shared_a._run_dual
+    monkeypatch.setattr(shared_a, "_run_dual",
+                        lambda sched, *args, **kw: runs.append(sched) or run_dual(sched, *args,
+                                                                                   **kw))
+    a, g = operands(m, n, k, dtype)
+    u = rand((k, n), dtype)
+    y = hopmm.swiglu(a, g, u)
+    assert runs == [SwigluSchedule]
+    p_gate, p_up = _f32_products(a, [g, u])
+    check_close(y, _silu(p_gate) * p_up, dtype)
+
+
 def test_torch_in_and_out_on_a_side_stream():
     torch = pytest.importorskip("torch")
     import hopmm

@@ -91,6 +91,22 @@ def test_sanitizer_plan_covers_every_tool_and_schedule_on_edge_shapes(quick):
         assert sorted(s for (s,) in init) == sorted(rel.EDGE_SHAPES[x] for x in table["initcheck"])
 
 
+def test_gemv_is_sanitized_on_its_own_decode_edge_shapes():
+    assert "gemv" in rel.sanitized_schedules()
+    plan = rel.sanitizer_plan(["gemv"], True)
+    assert {tool for tool, _, _ in plan} == set(rel.TOOLS)
+    for tool in rel.TOOLS:
+        runs = [shapes for t, _, shapes in plan if t == tool]
+        assert sorted(s for run in runs for s in run) == sorted(rel.GEMV_SHAPES)
+    cases = [driver.Case.parse(spec) for spec in rel.GEMV_SHAPES]
+    assert all(c.spec() in rel.GEMV_SHAPES and not c.fused for c in cases)
+    # gemv's cases: few rows (both row-step loops, K parts of a chunk) or few columns
+    assert {c.m for c in cases if c.n > 16} >= {1, 16} and any(c.n <= 16 for c in cases)
+    assert any(c.k % 32 for c in cases if 8 <= c.m <= 16)
+    assert any(c.trans_b for c in cases) and any(c.batch for c in cases)
+    assert any(c.odd_pitch for c in cases)
+
+
 def test_edge_shapes_hold_the_edges_they_are_named_for():
     cases = {name: driver.Case.parse(spec) for name, spec in rel.EDGE_SHAPES.items()}
     assert cases["one_row"].m == 1 and cases["one_col"].n == 1
@@ -226,6 +242,19 @@ def test_commands_run_together_and_each_output_comes_back():
 ])
 def test_only_initchecks_blind_spot_on_the_workspace_is_known(tool, schedule, detail, known):
     assert rel.known_blind_spot(tool, schedule, detail) == known
+    assert (rel.known_report(tool, schedule, detail) == rel.KNOWN_BLIND_SPOT) == known
+
+
+@pytest.mark.parametrize("tool,schedule,detail,known", [
+    ("initcheck", "gemv", "Uninitialized __global__ memory read of size 16 bytes", True),
+    ("initcheck", "gemv", "Uninitialized __global__ memory read of size 2 bytes", False),
+    ("memcheck", "gemv", "Uninitialized __global__ memory read of size 16 bytes", False),
+    ("initcheck", "persistent", "Uninitialized __global__ memory read of size 16 bytes", False),
+    ("initcheck", "gemv", "Invalid __global__ read; Uninitialized __global__ memory read of "
+     "size 16 bytes", False),
+])
+def test_only_gemvs_masked_vector_reads_are_known(tool, schedule, detail, known):
+    assert (rel.known_report(tool, schedule, detail) == rel.KNOWN_MASKED_READS) == known
 
 
 def test_sanitize_can_be_narrowed_to_tools_and_schedules(capsys):

@@ -126,6 +126,46 @@ def test_a_shared_a_schedule_is_forced_on_its_own_calls_only(simulated_gpu):
             hopmm.heuristics.choose(hopmm.Problem(64, 48, 32, 1, "bfloat16"), H100_SXM, name)
 
 
+# ---- the one kernel or the composed path: heuristics.dual_b_pays ----
+
+@pytest.mark.parametrize("sched, m, pays", [
+    (SwigluSchedule, 4096, True),      # compute-bound; two products' passes saved
+    (SwigluSchedule, 16, False),       # decode: B streams from DRAM
+    (SwigluSchedule, 256, False),      # just under the ridge point
+    (SharedASchedule, 4096, False),    # compute-bound, but only A's second read saved
+    (SharedASchedule, 256, False),
+])
+def test_one_kernel_where_compute_bound_and_the_saved_traffic_outweighs_its_tile(sched, m,
+                                                                                  pays):
+    got, why = hopmm.heuristics.dual_b_pays(sched, 1, m, 14336, 4096, 2)
+    assert got is pays and sched.name in why
+
+
+def test_saved_traffic_and_intensity_move_the_choice_the_right_way():
+    pays = hopmm.heuristics.dual_b_pays
+    # More rows raise the intensity past the threshold; a batch scales both sides alike.
+    assert not pays(SwigluSchedule, 1, 512, 4096, 4096, 2)[0]
+    assert pays(SwigluSchedule, 1, 2048, 4096, 4096, 2)[0]
+    assert pays(SwigluSchedule, 8, 2048, 4096, 4096, 2)[0]
+    # Long K over wide outputs: the saved passes weigh less than the tile's deficit.
+    assert pays(SwigluSchedule, 1, 4096, 16384, 4096, 2)[0]
+    assert not pays(SwigluSchedule, 1, 4096, 16384, 1 << 16, 2)[0]
+
+
+def test_unforced_swiglu_takes_the_one_kernel_where_it_pays(simulated_gpu):
+    n = 1152   # square: intensity n / 2 FLOP per byte, above two ridge points
+    a, g, u = rand((n, n)), rand((n, n)), rand((n, n))
+    assert hopmm.heuristics.dual_b_pays(SwigluSchedule, 1, n, n, n, 2)[0]
+    y = hopmm.swiglu(a, g, u)
+    assert SimulatedLaunch.launches == 1
+    _close(y, _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
+    # Forcing another schedule keeps the composed path.
+    SimulatedLaunch.launches = 0
+    hopmm.use_schedule("persistent")
+    hopmm.swiglu(a, g, u)
+    assert SimulatedLaunch.launches == 2
+
+
 # ---- whole calls on the simulated GPU ----
 
 def _f32(x):

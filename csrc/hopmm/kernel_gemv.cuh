@@ -21,6 +21,19 @@
 // Rows past 16 come in further row groups (grid x), each reading B again. Problems of few
 // columns and many rows run transposed (C^T = B^T A^T, Config::kTransC: C stored transposed).
 //
+// Tensor cores (Config::kMma, 8 or 16 rows): the inner loops issue warp-wide
+// mma.m16n8k16 (fp32 accumulators) on registers straight from the 16-byte loads, so the FMA
+// bound above goes and the loop is bound by B's stream:
+//  - K-major B: C^T = B^T A^T, a warp's 16 columns as the mma's rows and C's rows as its 8
+//    columns (two mmas of n8 for 16 rows); a warp per 16 columns, kUnroll chunks in flight.
+//  - N-major B: C = A B, C's 16 rows as the mma's rows; a warp covers the CTA's 64 columns as
+//    eight n8 mmas (lane group g's vector of columns 8g .. 8g + 7 gives mma e column 8g + e),
+//    the warps take turns of kUnroll chunks along K and add up in warp order (as above).
+// Both read K in chunks of 32 elements, and permute k inside a chunk so that every lane's
+// operand registers are halves of its own 16-byte loads: the mma's k slots (2q, 2q + 1) and
+// (2q + 8, 2q + 9) of lane quad q hold the chunk's elements 8q + 4h + (0, 1) and
+// 8q + 4h + (2, 3) in mma half h. Both operands use one permutation: the sums are the same.
+//
 // Split K (S > 1): each CTA writes its kMaxRows x kBlockN fp32 partial to its own slot of the
 // scratch buffer and arrives on its tile's counter (acq_rel); the last of the S to arrive adds
 // the S partials up in split order (((p0 + p1) + p2) + ...) and stores the result, then resets
@@ -58,6 +71,15 @@ __device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
     asm("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
         : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
     return v;
+}
+
+// v with its elements from `valid` on zeroed (0 <= valid <= 8).
+__device__ __forceinline__ uint4 keep_first(const uint4& v, int valid) {
+    u32 w[kGemvVec / 2] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+    for (int j = 0; j < kGemvVec / 2; ++j)
+        w[j] &= (2 * j < valid ? 0x0000ffffu : 0u) | (2 * j + 1 < valid ? 0xffff0000u : 0u);
+    return make_uint4(w[0], w[1], w[2], w[3]);
 }
 
 // A 16-byte vector of A, kept in L1: every warp of the SM reads the same rows of A.
@@ -143,6 +165,27 @@ struct GemvA {
         }
     }
 
+    // packed8 with the elements at or past k_end zero (k a multiple of 8).
+    __device__ __forceinline__ uint4 packed8_upto(int r, int k, int k_end) const {
+        if (k + kGemvVec <= k_end) return packed8(r, k);
+        if (r >= rows || k >= k_end) return make_uint4(0, 0, 0, 0);
+        if constexpr (Config::kAKMajor) {
+            // The whole vector lies in the row (its pitch holds whole vectors); the elements
+            // past k_end are masked, not loaded one by one.
+            return keep_first(ld_cached_v4(base + static_cast<long long>(r) * ld + k), k_end - k);
+        } else {
+            u32 w[kGemvVec / 2];
+#pragma unroll
+            for (int j = 0; j < kGemvVec / 2; ++j) {
+                const long long off = static_cast<long long>(k + 2 * j) * ld + r;
+                const u32 lo = k + 2 * j < k_end ? ld_cached_u16(base + off) : 0u;
+                const u32 hi = k + 2 * j + 1 < k_end ? ld_cached_u16(base + off + ld) : 0u;
+                w[j] = lo | hi << 16;
+            }
+            return make_uint4(w[0], w[1], w[2], w[3]);
+        }
+    }
+
     __device__ __forceinline__ void vec8(int r, int k, float (&f)[kGemvVec]) const {
         unpack8<Config::kBf16>(packed8(r, k), f);
     }
@@ -155,6 +198,45 @@ __device__ __forceinline__ float element(const uint4& v, int j) {
     float lo, hi;
     unpack2<kBf16>(w, lo, hi);
     return j % 2 ? hi : lo;
+}
+
+// ---- tensor-core helpers (Config::kMma) --------------------------------------------------
+
+constexpr int kMmaChunk = 32;        // elements of K per chunk: a quad of lanes x 8
+constexpr int kMmaRows = 16;         // the m of mma.m16n8k16
+constexpr int kMmaCols = 8;          // its n
+constexpr int kMmaNMajorCols = kMmaCols * kGemvVec;   // N-major: eight n8 mmas per warp
+
+// d += a (16 x 16, row) x b (16 x 8, col), fp32 accumulators; the registers as PTX lays out
+// mma.m16n8k16's fragments.
+template <bool kBf16>
+__device__ __forceinline__ void mma_16816(float (&d)[4], u32 a0, u32 a1, u32 a2, u32 a3,
+                                          u32 b0, u32 b1) {
+    if constexpr (kBf16) {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    } else {
+        asm("mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, "
+            "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};"
+            : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+            : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+    }
+}
+
+// Word j of a vector.
+__device__ __forceinline__ u32 word(const uint4& v, int j) {
+    return j == 0 ? v.x : j == 1 ? v.y : j == 2 ? v.z : v.w;
+}
+
+// The 16-bit elements `e` of two vectors as one word: lo's in the low half.
+__device__ __forceinline__ u32 pair(const uint4& lo, const uint4& hi, int e) {
+    u32 d;
+    const u32 select = e % 2 ? 0x7632u : 0x5410u;   // high or low halves of both words
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(word(lo, e / 2)), "r"(word(hi, e / 2)),
+        "r"(select));
+    return d;
 }
 
 // [start, end) of split `s` of `total` elements in S splits of whole `granule`s.
@@ -314,6 +396,145 @@ __device__ __forceinline__ void gemv_n_major(const GemvArgs& args, const GemvA<C
     }
 }
 
+// ---- K-major B on tensor cores: C^T = B^T A^T, a warp per 16 columns ----------------------
+
+template <class Config>
+__device__ __forceinline__ void gemv_k_major_mma(const GemvArgs& args, const GemvA<Config>& a,
+                                                 const unsigned short* b, int col0, int k_lo,
+                                                 int k_hi, float* tile) {
+    constexpr int U = Config::kUnroll, T = Config::kMaxRows / kMmaCols;  // n8 mmas: C's rows
+    const int warp = threadIdx.x / kWarpLanes, lane = threadIdx.x % kWarpLanes;
+    const int g = lane / 4, q = lane % 4;
+    // The lane's two rows of B^T: the warp's columns g and g + 8 (past N: column N - 1,
+    // valid memory, never stored), from its quad's 8 elements of each chunk.
+    const int col = warp * kMmaRows + g;
+    const unsigned short* w_lo = b + static_cast<long long>(min(col0 + col, args.n - 1)) * args.b_ld + q * kGemvVec;
+    const unsigned short* w_hi = b + static_cast<long long>(min(col0 + col + kMmaCols, args.n - 1)) * args.b_ld + q * kGemvVec;
+    float acc[T][4];
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[t][j] = 0.0f;
+
+    // One chunk: the lane's rows of B^T (w_lo, w_hi) and of A (row 8t + g of the group).
+    auto chunk = [&](const uint4& wl, const uint4& wh, const uint4 (&av)[T]) {
+#pragma unroll
+        for (int t = 0; t < T; ++t) {
+            mma_16816<Config::kBf16>(acc[t], wl.x, wh.x, wl.y, wh.y, av[t].x, av[t].y);
+            mma_16816<Config::kBf16>(acc[t], wl.z, wh.z, wl.w, wh.w, av[t].z, av[t].w);
+        }
+    };
+    int kc = k_lo;   // a multiple of kMmaChunk (the split granule)
+    for (; kc + U * kMmaChunk <= k_hi; kc += U * kMmaChunk) {
+        uint4 wl[U], wh[U];
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            wl[u] = ld_stream_v4(w_lo + kc + u * kMmaChunk);
+            wh[u] = ld_stream_v4(w_hi + kc + u * kMmaChunk);
+        }
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            uint4 av[T];
+#pragma unroll
+            for (int t = 0; t < T; ++t)
+                av[t] = a.packed8(t * kMmaCols + g, kc + u * kMmaChunk + q * kGemvVec);
+            chunk(wl[u], wh[u], av);
+        }
+    }
+    // The slice's last chunks, one at a time; elements past its end are zero (a vector that
+    // starts inside K lies in the row, whose pitch holds whole vectors; it is masked).
+    for (; kc < k_hi; kc += kMmaChunk) {
+        const int k = kc + q * kGemvVec, valid = max(0, min(kGemvVec, k_hi - k));
+        const uint4 none = make_uint4(0, 0, 0, 0);
+        const uint4 wl = valid > 0 ? keep_first(ld_stream_v4(w_lo + kc), valid) : none;
+        const uint4 wh = valid > 0 ? keep_first(ld_stream_v4(w_hi + kc), valid) : none;
+        uint4 av[T];
+#pragma unroll
+        for (int t = 0; t < T; ++t) av[t] = a.packed8_upto(t * kMmaCols + g, k, k_hi);
+        chunk(wl, wh, av);
+    }
+    // Accumulator j of mma t: column g (+ 8 for j >= 2), row 8t + 2q (+ 1 for odd j).
+#pragma unroll
+    for (int t = 0; t < T; ++t)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+            const int row = t * kMmaCols + 2 * q + j % 2;
+            tile[row * Config::kBlockN + col + (j / 2) * kMmaCols] = acc[t][j];
+        }
+}
+
+// ---- N-major B on tensor cores: C = A B, a warp per 64 columns, warps along K ---------------
+
+template <class Config>
+__device__ __forceinline__ void gemv_n_major_mma(const GemvArgs& args, const GemvA<Config>& a,
+                                                 const unsigned short* b, int col0, int k_lo,
+                                                 int k_hi, float* tile) {
+    constexpr int U = Config::kUnroll, W = Config::kWarps;
+    static_assert(Config::kBlockN == kMmaNMajorCols, "a warp covers the CTA's columns");
+    const int warp = threadIdx.x / kWarpLanes, lane = threadIdx.x % kWarpLanes;
+    const int g = lane / 4, q = lane % 4;
+    // Lane group g's vector: columns 8g .. 8g + 7 (past N: the last vector that starts inside
+    // the row, never stored); quad q's rows: 8q .. 8q + 7 of each chunk.
+    const int n0 = min(col0 + g * kGemvVec, (args.n - 1) / kGemvVec * kGemvVec);
+    const unsigned short* lane_b = b + n0 + static_cast<long long>(q * kGemvVec) * args.b_ld;
+    float acc[kGemvVec][4];   // [e]: mma e, columns 8s + e of the block (s: its n slot)
+#pragma unroll
+    for (int e = 0; e < kGemvVec; ++e)
+#pragma unroll
+        for (int j = 0; j < 4; ++j) acc[e][j] = 0.0f;
+
+    // One chunk at kc: bv[j] = row kc + 8q + j of the lane's columns.
+    auto chunk = [&](const uint4 (&bv)[kGemvVec], int kc) {
+        const int k = kc + q * kGemvVec;
+        const uint4 al = a.packed8_upto(g, k, k_hi), ah = a.packed8_upto(g + kMmaCols, k, k_hi);
+#pragma unroll
+        for (int e = 0; e < kGemvVec; ++e) {
+            mma_16816<Config::kBf16>(acc[e], al.x, ah.x, al.y, ah.y, pair(bv[0], bv[1], e),
+                                     pair(bv[2], bv[3], e));
+            mma_16816<Config::kBf16>(acc[e], al.z, ah.z, al.w, ah.w, pair(bv[4], bv[5], e),
+                                     pair(bv[6], bv[7], e));
+        }
+    };
+    // Turns of U chunks: warp w takes chunks [k_lo + (t W + w) U, + U) x 32 of turn t.
+    int kc = k_lo + warp * U * kMmaChunk;
+    for (; kc + U * kMmaChunk <= k_hi; kc += W * U * kMmaChunk) {
+        uint4 bv[U][kGemvVec];
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+#pragma unroll
+            for (int j = 0; j < kGemvVec; ++j)
+                bv[u][j] = ld_stream_v4(lane_b + static_cast<long long>(kc + u * kMmaChunk + j) * args.b_ld);
+#pragma unroll
+        for (int u = 0; u < U; ++u) chunk(bv[u], kc + u * kMmaChunk);
+    }
+    // This warp's chunks of the slice's last partial turn; rows past its end are zero.
+    for (int c = kc; c < min(kc + U * kMmaChunk, k_hi); c += kMmaChunk) {
+        uint4 bv[kGemvVec];
+#pragma unroll
+        for (int j = 0; j < kGemvVec; ++j)
+            bv[j] = c + q * kGemvVec + j < k_hi
+                        ? ld_stream_v4(lane_b + static_cast<long long>(c + j) * args.b_ld)
+                        : make_uint4(0, 0, 0, 0);
+        chunk(bv, c);
+    }
+    // Accumulator j of mma e: row g (+ 8 for j >= 2), column 8 (2q + j % 2) + e. Warps add
+    // their partials into the tile in warp order.
+    for (int w = 0; w < W; ++w) {
+        if (warp == w) {
+#pragma unroll
+            for (int e = 0; e < kGemvVec; ++e)
+#pragma unroll
+                for (int j = 0; j < 4; ++j) {
+                    const int row = g + (j / 2) * kMmaCols;
+                    if (row >= Config::kMaxRows) continue;
+                    float* t = tile + row * Config::kBlockN + (2 * q + j % 2) * kMmaCols + e;
+                    *t = w == 0 ? acc[e][j] : *t + acc[e][j];
+                }
+        }
+        __syncthreads();
+    }
+}
+
 // ---- the tile's store: straight to C, or through the split-K scratch ---------------------
 
 template <class Config>
@@ -372,9 +593,15 @@ __device__ __forceinline__ void gemv(const GemvArgs& args) {
     const unsigned short* b =
         args.b + static_cast<long long>(args.b_batch(z)) * args.b_batch16 * vec;
     int k_lo, k_hi;
-    // K-major slices hold whole vectors; N-major ones whole 8-row groups (A's vectors).
-    split_range(args.k, kGemvVec, blockIdx.y, gridDim.y, k_lo, k_hi);
-    if constexpr (Config::kBKMajor) {
+    // K-major slices hold whole vectors; N-major ones whole 8-row groups (A's vectors); the
+    // tensor-core loops whole chunks.
+    split_range(args.k, Config::kMma ? kMmaChunk : kGemvVec, blockIdx.y, gridDim.y, k_lo, k_hi);
+    if constexpr (Config::kMma && Config::kBKMajor) {
+        gemv_k_major_mma<Config>(args, a, b, col0, k_lo, k_hi, gemv_tile);
+        __syncthreads();
+    } else if constexpr (Config::kMma) {
+        gemv_n_major_mma<Config>(args, a, b, col0, k_lo, k_hi, gemv_tile);
+    } else if constexpr (Config::kBKMajor) {
         gemv_k_major<Config>(args, a, b, col0, k_lo, k_hi, gemv_tile);
         __syncthreads();
     } else {
