@@ -965,8 +965,8 @@ class GemvSchedule:
 
     @classmethod
     def max_splits(cls, problem: Problem, cfg: GemvConfig, batch_count: int) -> int:
-        """One vector (8-row group, tensor-core chunk) of K per split at the least, and a counter per tile of
-        the launch (GEMV_COUNTERS); at least 1."""
+        """One vector (8-row group, tensor-core chunk) of K per split at the least, and a
+        counter per tile of the launch (GEMV_COUNTERS); at least 1."""
         row_groups, col_blocks = cls.tiles(problem, cfg)
         if row_groups * col_blocks * batch_count > GEMV_COUNTERS:
             return 1

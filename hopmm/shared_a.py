@@ -19,10 +19,11 @@ Every argument is validated, for every B, before anything is launched.
 from __future__ import annotations
 
 import functools
+import os
 from dataclasses import dataclass, replace
 
-from . import api, device as device_mod, epilogue as epilogue_mod, heuristics, interop, launch
-from . import layout, operands
+from . import api, device as device_mod, epilogue as epilogue_mod, fastpath, heuristics
+from . import interop, launch, layout, operands
 from .schedules import SharedASchedule, SwigluSchedule
 
 
@@ -41,14 +42,40 @@ def _sequence(fname: str, name: str, value) -> list:
     return list(value)
 
 
+# Plans of recent products, by what validating and planning one depends on: the operands'
+# fastpath key with the bias and activation (fastpath.fused_key), a forced schedule and
+# HOPMM_STRICT. A repeated call skips api.plan, a matmul call's whole host path per B. Kept
+# without their epilogue (which holds the bias array); bounded like fastpath's recipes.
+MAX_PLANS = 256
+_plans: dict = {}
+
+
+def _plan_key(a, b, bias, activation):
+    """The key of one product's plan; None for a call that is not remembered."""
+    k = fastpath.fused_key(a, b, None, dict(bias=bias, activation=activation, alpha=1.0,
+                                            beta=0.0, c=None))
+    if k is None:
+        return None
+    return k, api._schedule_override, os.environ.get(api.STRICT_ENV, "")
+
+
 def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _Checked:
-    """api.plan of every product (ValueError / TypeError naming the argument)."""
+    """api.plan of every product, or its remembered plan (ValueError / TypeError naming the
+    argument)."""
     plans = []
     for b, name, bias in zip(bs, names, biases):
-        try:
-            plans.append(api.plan(a, b, bias=bias, activation=activation))
-        except (TypeError, ValueError, AttributeError) as exc:
-            raise type(exc)(f"{fname}: {name}: {exc}") from exc
+        k = _plan_key(a, b, bias, activation)
+        p = None if k is None else _plans.get(k)
+        if p is None:
+            try:
+                p = replace(api.plan(a, b, bias=bias, activation=activation), epilogue=None)
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise type(exc)(f"{fname}: {name}: {exc}") from exc
+            if k is not None:
+                if len(_plans) >= MAX_PLANS:
+                    _plans.clear()
+                _plans[k] = p
+        plans.append(p)
     return _Checked(plans, activation, biases)
 
 

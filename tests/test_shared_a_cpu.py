@@ -235,6 +235,35 @@ def test_shared_a_with_three_bs_and_biases(simulated_gpu):
     assert SimulatedLaunch.launches == 2
 
 
+def test_repeated_calls_reuse_their_plans_and_still_validate(simulated_gpu, monkeypatch):
+    """A repeated call skips planning (api.plan) but not its checks: new shapes, a bad B, a
+    forced schedule each plan again, and results stay right."""
+    from hopmm import api, shared_a
+
+    shared_a._plans.clear()
+    planned = []
+    plan = api.plan
+    monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
+    a, g, u = rand((16, 64)), rand((64, 128)), rand((64, 128))
+    ref = _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u))
+    for _ in range(3):
+        _close(hopmm.swiglu(a, g, u), ref)
+    assert len(planned) == 2                       # one plan per B, on the first call only
+    hopmm.swiglu(a, rand((64, 128)), rand((64, 128)))   # new arrays, same layout: remembered
+    assert len(planned) == 2
+    hopmm.swiglu(a, rand((64, 136)), rand((64, 136)))   # new shapes: planned
+    assert len(planned) == 4
+    with pytest.raises(ValueError, match="w_up"):
+        hopmm.swiglu(a, g, rand((32, 128)))
+    hopmm.use_schedule("swiglu")                   # a forced schedule plans again
+    _close(hopmm.swiglu(a, g, u), ref)
+    assert len(planned) > 5 and SimulatedLaunch.launches >= 1
+    # Remembered plans hold no bias array.
+    hopmm.use_schedule(None)
+    hopmm.matmul_shared_a(a, [g, u], bias=[rand((128,)), None])
+    assert all(p.epilogue is None for p in shared_a._plans.values())
+
+
 def test_bs_of_different_layouts_are_composed(simulated_gpu):
     a = rand((64, 64))
     b0, b1 = rand((64, 128)), rand((128, 64)).T

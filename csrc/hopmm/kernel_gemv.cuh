@@ -408,8 +408,11 @@ __device__ __forceinline__ void gemv_k_major_mma(const GemvArgs& args, const Gem
     // The lane's two rows of B^T: the warp's columns g and g + 8 (past N: column N - 1,
     // valid memory, never stored), from its quad's 8 elements of each chunk.
     const int col = warp * kMmaRows + g;
-    const unsigned short* w_lo = b + static_cast<long long>(min(col0 + col, args.n - 1)) * args.b_ld + q * kGemvVec;
-    const unsigned short* w_hi = b + static_cast<long long>(min(col0 + col + kMmaCols, args.n - 1)) * args.b_ld + q * kGemvVec;
+    auto b_row = [&](int c) {
+        return b + static_cast<long long>(min(col0 + c, args.n - 1)) * args.b_ld + q * kGemvVec;
+    };
+    const unsigned short* w_lo = b_row(col);
+    const unsigned short* w_hi = b_row(col + kMmaCols);
     float acc[T][4];
 #pragma unroll
     for (int t = 0; t < T; ++t)
