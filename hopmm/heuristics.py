@@ -8,8 +8,8 @@ from dataclasses import dataclass
 from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, MAX_CLUSTER_SPLITS,
-                        MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig,
+from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
+                        MAX_CLUSTER_SPLITS, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig,
                         GemvSchedule, KernelConfig, PersistentClusterOverlapSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule,
                         PersistentSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
@@ -385,9 +385,13 @@ def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> 
 # pays where the products' arithmetic intensity is at least DUAL_B_MIN_RIDGES ridge points
 # (FLOOR_TFLOPS / COPY_TBPS) and the traffic it saves (schedule.saved_bytes) at COPY_TBPS
 # outlasts DUAL_B_PENALTY of the products' compute floor, the dual tile's measured deficit to
-# the plain schedules' best tiles (matmul_shared_a at 4096 rows: 1.01-1.03 x).
+# the plain schedules' best tiles (matmul_shared_a at 4096 rows: 1.01-1.03 x). And where the
+# products' compute floor is at least DUAL_B_HOST_US: the one kernel's launch is built on every
+# call (no remembered recipe, unlike the composed path's products), about that much host time
+# (predicted), which it must hide behind its GPU time.
 DUAL_B_MIN_RIDGES = 2.0
 DUAL_B_PENALTY = 0.03
+DUAL_B_HOST_US = 100.0
 
 
 def dual_b_pays(schedule, batch: int, m: int, n: int, k: int, itemsize: int) -> tuple:
@@ -400,8 +404,12 @@ def dual_b_pays(schedule, batch: int, m: int, n: int, k: int, itemsize: int) -> 
         return False, (f"{schedule.name}: {ridges:.2f} ridge points of arithmetic intensity, "
                        f"under {DUAL_B_MIN_RIDGES:g}: B streams from DRAM, where the plain "
                        f"schedules' tiles are faster")
+    compute_us = flops / (FLOOR_TFLOPS * 1e6)
+    if compute_us < DUAL_B_HOST_US:
+        return False, (f"{schedule.name}: {compute_us:.1f} us of compute, under the one "
+                       f"kernel's {DUAL_B_HOST_US:g} us of host time a call")
     saved_us = schedule.saved_bytes(batch, m, n, k, itemsize) / (COPY_TBPS * 1e6)
-    penalty_us = DUAL_B_PENALTY * flops / (FLOOR_TFLOPS * 1e6)
+    penalty_us = DUAL_B_PENALTY * compute_us
     pays = saved_us > penalty_us
     return pays, (f"{schedule.name}: one kernel saves {saved_us:.1f} us of traffic against "
                   f"a {penalty_us:.1f} us tile penalty ({DUAL_B_PENALTY:g} of the compute "
@@ -442,8 +450,8 @@ GEMV_LAUNCH_US = 2.0
 GEMV_SPLIT_US = 1.0
 GEMV_INFLIGHT_PER_SM = 48 * 1024
 GEMV_MIN_SPLIT_K = 256
-# Rows of C gemv is taken for without forcing: its kernel's design point (kernel_gemv.cuh's FMA
-# bound); more rows read B once per group of 16.
+# Rows of C gemv is taken for without forcing: its kernel's design point (a row group of 16, the
+# mma's rows); more rows read B once per group of 16.
 GEMV_MAX_M = 16
 
 
@@ -503,6 +511,8 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
     # 8 rows they differ: an FMA bound against a slower N-major stream).
     options = []
     for mma in (True, False):
+        if mma and _single_row_tail(kp):
+            continue
         cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c, mma)
         splits = gemv_splits(problem, cfg, device)
         options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits))
@@ -511,7 +521,8 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
         return None
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
     streamed = "A streamed once as C^T = B^T A^T" if trans_c else "B streamed once"
-    why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, 16-byte loads), "
+    units = "tensor cores" if cfg.mma else "CUDA-core FMAs"
+    why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, 16-byte loads, {units}), "
            f"{col_blocks} column blocks of {cfg.block_n} x {row_groups} row group(s) of "
            f"{cfg.max_rows} x {splits} K split(s)"
            + (" added up in split order by each tile's last CTA" if splits > 1 else "")
@@ -519,6 +530,13 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
            + (f" against split_k_parallel's {rival_us:.1f}" if rival_us is not None else "")
            + (" (forced)" if forced else ""))
     return Choice(GemvSchedule, cfg, why, 1, splits)
+
+
+def _single_row_tail(kp: Problem) -> bool:
+    """A K-major B of one column (one row of B^T, passed without a pitch) whose K is no whole
+    number of 16-byte vectors: the tensor-core loops load K's last vector whole and mask it,
+    which would read past that row's end, so it takes the CUDA-core loops."""
+    return not kp.trans_b and kp.n == 1 and kp.k % GEMV_VEC != 0
 
 
 def _split_k_parallel_estimate(problem: Problem, device: DeviceInfo) -> float | None:
@@ -680,8 +698,8 @@ def dual_b_choice(schedule, problem: Problem, device: DeviceInfo) -> Choice:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for {schedule.name}'s stages")
     group = _raster_group(problem, cfg.block_m)
-    why = (f"{schedule.name} forced: both products of each {cfg.block_m}x{block_n} tile from "
-           f"one A tile per k-block")
+    why = (f"{schedule.name}: both products of each {cfg.block_m}x{block_n} tile from one A "
+           f"tile per k-block")
     return Choice(schedule, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 

@@ -133,12 +133,17 @@ def test_tunables_n_major(config):
     assert rel_err(c, a, b) < TOL["float16"]
 
 
+# Every 16-bit element of this pattern is a NaN in bfloat16 and in float16.
+NAN_16 = 0x7FC0
+
+
 def _dirty_pool():
-    """Fills memory the pool then hands out again with NaN: a read of anything a kernel was
-    not given (padding of an aligned copy, bytes past K) then shows in its result."""
+    """Fills memory the pool then hands out again with 16-bit NaNs: a read of anything a
+    kernel was not given (padding of an aligned copy, elements past K) then shows in its
+    result."""
     import cupy
 
-    junk = [cupy.full((1 << 20,), cupy.nan, dtype=cupy.float32) for _ in range(64)]
+    junk = [cupy.full((1 << 21,), NAN_16, dtype=cupy.uint16) for _ in range(64)]
     del junk
 
 
@@ -158,8 +163,8 @@ def test_k_tails_over_dirty_memory(m, n, k, a_major, b_major):
         x[:, :cols] = rand((rows, cols), dtype)
         return x[:, :cols]
 
-    # Pitches of whole 16-byte vectors (read in place, NaN between K and the pitch) and odd
-    # ones (aligned copies).
+    # K-major operands: pitches of whole 16-byte vectors (read in place, NaN between K and
+    # the pitch) and odd ones (aligned copies); the M- and N-major ones are copied either way.
     for pad in ((-k) % 8 or 8, 1):
         _dirty_pool()
         a = nan_padded(m, k, pad) if a_major == "k" else nan_padded(k, m, pad).T

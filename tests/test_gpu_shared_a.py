@@ -132,7 +132,7 @@ def test_unforced_swiglu_where_the_one_kernel_pays(dtype, monkeypatch):
     from hopmm import shared_a
     from hopmm.schedules import SwigluSchedule
 
-    m, n, k = 1536, 1024, 1280
+    m, n, k = 2048, 2560, 4096
     assert hopmm.heuristics.dual_b_pays(SwigluSchedule, 1, m, n, k, 2)[0]
     runs = []
     run_dual = shared_a._run_dual

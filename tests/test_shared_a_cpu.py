@@ -147,15 +147,18 @@ def test_saved_traffic_and_intensity_move_the_choice_the_right_way():
     assert not pays(SwigluSchedule, 1, 512, 4096, 4096, 2)[0]
     assert pays(SwigluSchedule, 1, 2048, 4096, 4096, 2)[0]
     assert pays(SwigluSchedule, 8, 2048, 4096, 4096, 2)[0]
+    # Compute-bound but small: the host time of building the launch would set the pace.
+    small, why = pays(SwigluSchedule, 1, 1152, 1152, 1152, 2)
+    assert not small and "host time" in why
     # Long K over wide outputs: the saved passes weigh less than the tile's deficit.
     assert pays(SwigluSchedule, 1, 4096, 16384, 4096, 2)[0]
     assert not pays(SwigluSchedule, 1, 4096, 16384, 1 << 16, 2)[0]
 
 
 def test_unforced_swiglu_takes_the_one_kernel_where_it_pays(simulated_gpu):
-    n = 1152   # square: intensity n / 2 FLOP per byte, above two ridge points
-    a, g, u = rand((n, n)), rand((n, n)), rand((n, n))
-    assert hopmm.heuristics.dual_b_pays(SwigluSchedule, 1, n, n, n, 2)[0]
+    m, n, k = 2048, 2560, 4096   # 4.7 ridge points, ~107 us of compute
+    a, g, u = rand((m, k)), rand((k, n)), rand((k, n))
+    assert hopmm.heuristics.dual_b_pays(SwigluSchedule, 1, m, n, k, 2)[0]
     y = hopmm.swiglu(a, g, u)
     assert SimulatedLaunch.launches == 1
     _close(y, _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))

@@ -1,6 +1,7 @@
 // gemv: C[z] (m x n) = A[z] (m x k) @ B[z] (k x n) for outputs of very few rows (decode), as
 // one memory stream: every byte of B is read once, with wide non-temporal loads, and used for
-// all rows of A at once; no tensor cores. A (a few rows) is read through L1.
+// all rows of A at once: CUDA-core FMAs, or from 8 rows mma.sync (below), never TMA or wgmma.
+// A (a few rows) is read through L1.
 //
 // Work: CTA (blockIdx.x) = one column block of kBlockN columns and one group of kMaxRows rows;
 // blockIdx.y = one of S = gridDim.y slices of K; blockIdx.z = batch slice. Two inner loops, by
@@ -403,6 +404,7 @@ __device__ __forceinline__ void gemv_k_major_mma(const GemvArgs& args, const Gem
                                                  const unsigned short* b, int col0, int k_lo,
                                                  int k_hi, float* tile) {
     constexpr int U = Config::kUnroll, T = Config::kMaxRows / kMmaCols;  // n8 mmas: C's rows
+    static_assert(Config::kBlockN == Config::kWarps * kMmaRows, "a warp per 16 columns");
     const int warp = threadIdx.x / kWarpLanes, lane = threadIdx.x % kWarpLanes;
     const int g = lane / 4, q = lane % 4;
     // The lane's two rows of B^T: the warp's columns g and g + 8 (past N: column N - 1,
