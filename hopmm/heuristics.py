@@ -394,9 +394,11 @@ DUAL_B_PENALTY = 0.03
 DUAL_B_HOST_US = 100.0
 
 
+@functools.lru_cache(maxsize=4096)
 def dual_b_pays(schedule, batch: int, m: int, n: int, k: int, itemsize: int) -> tuple:
     """(whether the one-kernel `schedule` beats the composed path, why), by the model above,
-    for two products of an (m x k) A with (k x n) Bs, `batch` times."""
+    for two products of an (m x k) A with (k x n) Bs, `batch` times. Asked on every swiglu and
+    matmul_shared_a call: remembered per problem, as choose() is."""
     flops = 2 * 2 * batch * m * n * k
     moved = itemsize * batch * (m * k + 2 * k * n + schedule.outputs * m * n)
     ridges = flops / moved / (FLOOR_TFLOPS / COPY_TBPS)
