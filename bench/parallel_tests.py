@@ -48,6 +48,18 @@ def tally(text: str) -> dict[str, int]:
     return out
 
 
+# Of a failing process, the lines that say why (pytest's "E   " lines and the test and source
+# line each comes from), so that the tail of this script's output explains a failure without its
+# log file.
+ERROR_LINES_SHOWN = 40
+
+
+def error_lines(text: str) -> list[str]:
+    """pytest's failure headers ("____ test ____") and error lines ("E   ...") of `text`."""
+    return [line.strip() for line in text.splitlines()
+            if line.startswith("E   ") or (line.startswith("___") and line.endswith("___"))]
+
+
 def run_groups(groups: list[list[str]], log_dir: str, tag: str) -> list[tuple[int, str]]:
     procs = []
     for i, files in enumerate(groups):
@@ -89,6 +101,8 @@ def main(argv=None) -> int:
         for line in text.splitlines():
             if line.startswith(("FAILED", "ERROR")):
                 print("  " + line)
+        for line in error_lines(text)[:ERROR_LINES_SHOWN]:
+            print("    " + line)
     words = ", ".join(f"{n} {key}" for key, n in sorted(total.items()))
     print(f"{words or 'no tests ran'} in {time.time() - start:.0f}s "
           f"({len(results)} processes)")

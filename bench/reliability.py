@@ -41,7 +41,6 @@ import glob
 import json
 import os
 import random
-import re
 import resource
 import shutil
 import subprocess
@@ -131,40 +130,17 @@ KNOWN_BLIND_SPOT = ("initcheck does not see TMA stores into the split-K workspac
                     "(test_workspace_is_written_before_it_is_read checks the order)")
 
 
-# gemv reads the last vector of a row's K range whole and masks the elements past K (no
-# element-wise loads: NOTES v0.21); in an aligned copy those bytes are padding no kernel wrote,
-# which initcheck reports as 16-byte uninitialised reads.
-# tests/test_gpu_gemv.py::test_k_tails_over_dirty_memory fills such padding with NaN: it never
-# reaches a result.
-MASKED_VECTOR_READ = "Uninitialized __global__ memory read of size 16 bytes"
-UNINITIALISED_READ_SIZE = re.compile(r"Uninitialized __global__ memory read of size (\d+) bytes")
-KNOWN_MASKED_READS = ("initcheck sees gemv's masked reads of a copy's row padding past K "
-                      "(test_k_tails_over_dirty_memory shows they never reach a result)")
-# initcheck on gemv prints every error, so that each can be told from the masked reads.
-GEMV_INITCHECK_PRINT_LIMIT = 100000
-
-
 def known_blind_spot(tool: str, schedule: str, detail: str) -> bool:
     """Whether a failed sanitizer run is the one blind spot above and nothing else."""
     return (tool == "initcheck" and schedule in WORKSPACE_SCHEDULES
             and UNINITIALISED_READ in detail and "Invalid" not in detail)
 
 
-def known_report(tool: str, schedule: str, detail: str, output: str = "") -> str | None:
+def known_report(tool: str, schedule: str, detail: str) -> str | None:
     """Why a failed sanitizer run is a known, explained report and nothing else; None if it
-    is not. gemv's masked reads are known only where every error of the run's whole `output`
-    is a 16-byte uninitialised read and none went unprinted."""
+    is not."""
     if known_blind_spot(tool, schedule, detail):
         return KNOWN_BLIND_SPOT
-    if tool == "initcheck" and schedule == "gemv" and MASKED_VECTOR_READ in detail:
-        errors = [line for line in output.splitlines()
-                  if line.startswith(SANITIZER_PREFIX)
-                  and any(word in line for word in SANITIZER_ERROR_WORDS)
-                  and "ERROR SUMMARY" not in line]
-        sizes = {m.group(1) for m in map(UNINITIALISED_READ_SIZE.search, errors) if m}
-        if (errors and sizes == {"16"} and all(UNINITIALISED_READ_SIZE.search(e) for e in errors)
-                and "not printed" not in output):
-            return KNOWN_MASKED_READS
     return None
 
 
@@ -424,8 +400,7 @@ def sanitizer_command(sanitizer: str, tool: str, schedule: str, shapes) -> list:
     # on a device that lacks it, a pointer attribute) and handle the failures themselves.
     return [sanitizer, "--tool", tool, "--error-exitcode", str(SANITIZER_ERROR_EXIT),
             "--report-api-errors", "no", *only_hopmm,
-            "--print-limit", str(GEMV_INITCHECK_PRINT_LIMIT if (tool, schedule) ==
-                                 ("initcheck", "gemv") else SANITIZER_PRINT_LIMIT),
+            "--print-limit", str(SANITIZER_PRINT_LIMIT),
             *driver_command(shapes, schedule)]
 
 
@@ -483,7 +458,7 @@ def sanitize(args, results: list) -> None:
             status, detail = judge_sanitizer_run(done.returncode, output)
         except subprocess.TimeoutExpired:
             output, status, detail = "", "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
-        known = known_report(tool, schedule, detail, output) if status == "FAIL" else None
+        known = known_report(tool, schedule, detail) if status == "FAIL" else None
         if known is not None:
             status, detail = "known", f"{known}; {detail}"
         # A run of one shape (SHAPE_BY_SHAPE_TOOLS) is named by it.

@@ -106,6 +106,8 @@ using LaunchKernelExFn = CUresult (*)(const CUlaunchConfig* config, void* functi
                                       void** kernel_params, void** extra);
 using OccupancyMaxActiveClustersFn = CUresult (*)(int* clusters, void* function,
                                                   const CUlaunchConfig* config);
+using MemsetD2D8AsyncFn = CUresult (*)(uint64_t dst, size_t pitch, unsigned char value,
+                                       size_t width, size_t height, void* stream);
 
 const char kDriverLibrary[] = "libcuda.so.1";
 const char kNoDriverMessage[] =
@@ -117,6 +119,7 @@ struct Driver {
     LaunchKernelFn launch_kernel = nullptr;
     LaunchKernelExFn launch_kernel_ex = nullptr;  // CUDA 12.0 drivers and later
     OccupancyMaxActiveClustersFn max_active_clusters = nullptr;  // likewise
+    MemsetD2D8AsyncFn memset_2d_async = nullptr;
 };
 
 Driver load_driver() {
@@ -130,6 +133,7 @@ Driver load_driver() {
     d.launch_kernel_ex = reinterpret_cast<LaunchKernelExFn>(dlsym(lib, "cuLaunchKernelEx"));
     d.max_active_clusters = reinterpret_cast<OccupancyMaxActiveClustersFn>(
         dlsym(lib, "cuOccupancyMaxActiveClusters"));
+    d.memset_2d_async = reinterpret_cast<MemsetD2D8AsyncFn>(dlsym(lib, "cuMemsetD2D8Async"));
     return d;
 }
 
@@ -494,6 +498,20 @@ int max_active_clusters(uint64_t function, uint32_t block_x, uint32_t shared_mem
     return clusters;
 }
 
+// Zeroes `width` bytes at the start of each of `rows` rows, `pitch` bytes apart, from `address`,
+// on `stream` (cuMemsetD2D8Async): one driver call, where CuPy would launch a strided kernel.
+void zero_rows(uint64_t address, size_t pitch, size_t width, size_t rows, uint64_t stream) {
+    const Driver& d = driver();
+    if (d.memset_2d_async == nullptr) throw std::runtime_error(kNoDriverMessage);
+    if (width == 0 || rows == 0) return;
+    const CUresult rc = d.memset_2d_async(address, pitch, 0, width, rows,
+                                          reinterpret_cast<void*>(stream));
+    if (rc != kCudaSuccess) {
+        throw std::runtime_error("cuMemsetD2D8Async failed with CUresult " + std::to_string(rc) +
+                                 " (" + error_name(rc) + ")");
+    }
+}
+
 // Byte bounds [lo, hi) of an array relative to its base pointer (negative strides give lo < 0).
 using RelativeBounds = std::pair<int64_t, int64_t>;
 
@@ -606,6 +624,10 @@ PYBIND11_MODULE(_tensormap, m) {
           "cuOccupancyMaxActiveClusters: how many clusters of cluster_size CTAs of the kernel "
           "(block_x threads, shared_mem_bytes of dynamic shared memory) the device runs at "
           "once.");
+    m.def("zero_rows", &zero_rows, py::arg("address"), py::arg("pitch"), py::arg("width"),
+          py::arg("rows"), py::arg("stream"),
+          "cuMemsetD2D8Async: zeroes width bytes at the start of each of rows rows, pitch "
+          "bytes apart, from address, on stream.");
     m.attr("LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION") = kLaunchAttributeClusterDimension;
     m.attr("LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION") =
         kLaunchAttributeProgrammaticStreamSerialization;

@@ -300,6 +300,10 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
         c3 = launch.padded_empty(*c_buffer, result.dtype)
     launches = launch.build_launches(call.choice, call.problem, call.a3, call.a_map, call.b3,
                                      call.b_map, c3, ep)
+    zero_tails = call.choice.schedule.reads_row_tails
+    if zero_tails:
+        for name in call.copies:
+            launch.zero_row_tails(call.a3 if name == "a" else call.b3)
     launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr,
                       *epilogue_ptrs)
     if not direct:
@@ -309,7 +313,8 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     # recipe makes the copy again), and a store that is not into an overlapping out.
     copies = {name: fastpath.OperandCopy.of(
                   x, call.views[name], x3, functools.partial(
-                      _batch_view, is_vector=is_vector, axis=axis, batch_shape=s.batch_shape))
+                      _batch_view, is_vector=is_vector, axis=axis, batch_shape=s.batch_shape),
+                  zero_tails)
               for name, x, x3, is_vector, axis in (("a", a, call.a3, s.a_is_vector, 0),
                                                    ("b", b, call.b3, s.b_is_vector, 1))
               if name in call.copies}

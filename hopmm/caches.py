@@ -12,6 +12,11 @@ number of distinct shapes without a limit, so a long-running process stays flat 
 | launch._loaded (lru_cache) | kernel, shared memory, device | kernels x devices |
 | device.query (lru_cache) | device id | the devices |
 | tuning._table | the autotune table file | one table (its entries: tuned shapes) |
+| interop._streams (torch streams) | device, stream pointer | MAX_STREAMS, then cleared |
+| interop._direct (torch calls' launches) | tensors' shapes/strides/dtypes, device | MAX_RECIPES, then cleared |
+| shared_a._plans | a product's fastpath key, forced schedule | MAX_PLANS, then cleared |
+| heuristics.dual_b_pays (lru_cache) | dual-B schedule, problem | 4096 entries |
+| shared_a._gated_product (lru_cache) | nothing: one elementwise kernel | 1 |
 
 `sizes()` reports them all, for the soak test of bench/reliability.py.
 """
@@ -21,7 +26,7 @@ from __future__ import annotations
 def sizes() -> dict:
     """{cache name: entries held now}."""
     from . import compile as compiler
-    from . import device, fastpath, heuristics, launch, tuning, workspace
+    from . import device, fastpath, heuristics, interop, launch, shared_a, tuning, workspace
 
     return {
         "heuristics.choose": heuristics.choose.cache_info().currsize,
@@ -32,15 +37,23 @@ def sizes() -> dict:
         "launch.loaded": launch._loaded.cache_info().currsize,
         "device.query": device.query.cache_info().currsize,
         "tuning.table": len(tuning._table._entries),
+        "interop.streams": len(interop._streams),
+        "interop.direct": len(interop._direct),
+        "shared_a.plans": len(shared_a._plans),
+        "heuristics.dual_b_pays": heuristics.dual_b_pays.cache_info().currsize,
     }
 
 
 def bounds() -> dict:
     """{cache name: the most entries it can hold} for the caches bounded by a number."""
-    from . import fastpath, heuristics, workspace
+    from . import fastpath, heuristics, interop, shared_a, workspace
 
     return {
         "heuristics.choose": heuristics.choose.cache_info().maxsize,
         "fastpath.recipes": fastpath.MAX_RECIPES,
         "workspace.workspaces": workspace.MAX_WORKSPACES,
+        "interop.streams": interop.MAX_STREAMS,
+        "interop.direct": fastpath.MAX_RECIPES,
+        "shared_a.plans": shared_a.MAX_PLANS,
+        "heuristics.dual_b_pays": heuristics.dual_b_pays.cache_info().maxsize,
     }

@@ -38,13 +38,15 @@ class OperandCopy:
     `padded_shape` the (batch, rows, pitch) buffer it copied into. Where the view is one
     matrix with contiguous rows, `rows_at` is (its offset from x's base pointer, its row
     stride, its row bytes), all in bytes: fixed by x's shape and strides, which the recipe's key
-    holds, so a repeat copies from x's pointer without making the view."""
+    holds, so a repeat copies from x's pointer without making the view. `zero_tails`: the
+    kernel reads row tails (launch.zero_row_tails), which each copy then zeroes."""
     view_of: Callable
     padded_shape: tuple
     rows_at: tuple | None = None
+    zero_tails: bool = False
 
     @classmethod
-    def of(cls, x, view, copy, view_of: Callable):
+    def of(cls, x, view, copy, view_of: Callable, zero_tails: bool = False):
         """The recipe of `copy`, made from `view` of `x`; None where the view does not lie in
         x's own memory (a materialised broadcast or reshape: not repeatable as a view)."""
         x_bounds = byte_bounds(x.data.ptr, x.shape, x.strides, x.itemsize)
@@ -54,7 +56,7 @@ class OperandCopy:
         rows = launch.matrix_rows(view)
         rows_at = None if rows is None else (rows.ptr - x.data.ptr, rows.stride, rows.width)
         return cls(view_of, (copy.shape[0], copy.shape[1], copy.strides[1] // copy.itemsize),
-                   rows_at)
+                   rows_at, zero_tails)
 
     def make(self, x):
         """A new aligned copy of x's view: a (batch, rows, pitch) buffer whose first columns
@@ -67,9 +69,13 @@ class OperandCopy:
             offset, stride, width = self.rows_at
             if launch.pitched_copy(buf.data.ptr, pitch * x.itemsize, x.data.ptr + offset,
                                    stride, width, rows):
+                if self.zero_tails:
+                    launch.zero_row_tails(buf[:, :, :width // x.itemsize])
                 return buf
         view = self.view_of(x)
         launch.copy_rows(buf[:, :, :view.shape[2]], view)
+        if self.zero_tails:
+            launch.zero_row_tails(buf[:, :, :view.shape[2]])
         return buf
 
 

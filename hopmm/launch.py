@@ -124,6 +124,34 @@ def copy_rows(dst, src) -> None:
     dst[...] = src
 
 
+# gemv's loads: it reads rows in whole vectors of this many bytes and masks the elements past
+# K; its batch strides are passed in these units.
+VECTOR_BYTES = 16
+
+
+def zero_row_tails(x3) -> None:
+    """Zero the bytes from the end of each row of `x3` (a (batch, rows, cols) view of the first
+    columns of a dense (batch, rows, pitch) buffer) to the next VECTOR_BYTES boundary: the
+    bytes the masked vector loads of a schedule that `reads_row_tails` (gemv) read past a row,
+    which are then never uninitialised memory (compute-sanitizer initcheck). One driver call;
+    none where rows end on a boundary."""
+    import cupy
+
+    from . import _tensormap
+
+    nb, rows, cols = x3.shape
+    width = cols * x3.itemsize
+    tail = -width % VECTOR_BYTES
+    pitch = x3.strides[1]
+    # Only an aligned copy's padding: a dense buffer without it (a materialised broadcast read
+    # in place) holds the next row, or nothing, there.
+    padded = (x3.strides[2] == x3.itemsize and pitch >= width + tail
+              and (nb == 1 or x3.strides[0] == rows * pitch))
+    if tail and padded and nb * rows:
+        _tensormap.zero_rows(x3.data.ptr + width, pitch, tail, nb * rows,
+                             cupy.cuda.get_current_stream().ptr)
+
+
 def padded_empty(batch: int, rows: int, cols: int, pitch: int, dtype):
     """An uninitialised (batch, rows, cols) array whose rows lie `pitch` elements apart."""
     import cupy
@@ -240,7 +268,6 @@ class GemvLaunch:
 
 
 GEMV_POINTERS = 4   # A, B, C, scratch
-VECTOR_BYTES = 16   # gemv's loads; its batch strides are passed in these units
 INT32_MAX = 2**31 - 1
 
 

@@ -113,6 +113,7 @@ class WarpSpecializedSchedule:
     through stmatrix + TMA."""
 
     name = "warp_specialized"
+    reads_row_tails = False   # TMA reads no byte past a row (GemvSchedule's does)
     skeleton = "kernel_warp_specialized.cuh"
     slots = {
         "SKELETON": "hopmm::warp_specialized_gemm",
@@ -907,6 +908,9 @@ class GemvSchedule:
 
     name = "gemv"
     skeleton = "kernel_gemv.cuh"
+    # Rows are read in whole 16-byte vectors, masked past K: an aligned copy's row tails are
+    # zeroed for it (launch.zero_row_tails).
+    reads_row_tails = True
     entry = "gemv_entry.cu.in"
     # The attributes the tile schedules' callers read (api.explain, heuristics).
     split_k = True

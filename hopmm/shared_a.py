@@ -45,7 +45,9 @@ def _sequence(fname: str, name: str, value) -> list:
 # Plans of recent products, by what validating and planning one depends on: the operands'
 # fastpath key with the bias and activation (fastpath.fused_key), a forced schedule and
 # HOPMM_STRICT. A repeated call skips api.plan, a matmul call's whole host path per B. Kept
-# without their epilogue (which holds the bias array); bounded like fastpath's recipes.
+# without their epilogue (which holds the bias array), with the fastpath.generation they were
+# made in (a plan of an older choice, before autotune or fastpath.clear, is made again);
+# bounded like fastpath's recipes.
 MAX_PLANS = 256
 _plans: dict = {}
 
@@ -65,7 +67,10 @@ def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _C
     plans = []
     for b, name, bias in zip(bs, names, biases):
         k = _plan_key(a, b, bias, activation)
-        p = None if k is None else _plans.get(k)
+        entry = None if k is None else _plans.get(k)
+        p = None
+        if entry is not None and entry[1] == fastpath.generation:
+            p = entry[0]
         if p is None:
             try:
                 p = replace(api.plan(a, b, bias=bias, activation=activation), epilogue=None)
@@ -74,7 +79,7 @@ def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _C
             if k is not None:
                 if len(_plans) >= MAX_PLANS:
                     _plans.clear()
-                _plans[k] = p
+                _plans[k] = (p, fastpath.generation)
         plans.append(p)
     return _Checked(plans, activation, biases)
 

@@ -355,3 +355,7 @@ def test_parallel_tests_balances_files_and_adds_up_summaries(monkeypatch):
     text = "....\nFAILED x.py::t - boom\n3 failed, 120 passed, 2 skipped, 1 error in 9.1s\n"
     assert parallel_tests.tally(text) == {"failed": 3, "passed": 120, "skipped": 2, "errors": 1}
     assert parallel_tests.tally("collected nothing\n") == {}
+    # A failure's why, without its log: the test's header and pytest's error lines.
+    log = ("____ test_x[1] ____\nx.py:3: in test_x\n    assert f() == 2\nE   assert 1 == 2\n"
+           "FAILED x.py::test_x[1] - assert 1 == 2\n")
+    assert parallel_tests.error_lines(log) == ["____ test_x[1] ____", "E   assert 1 == 2"]

@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 import hopmm
-from hopmm import api, device, epilogue, fastpath, heuristics, launch, layout, workspace
+from hopmm import (api, device, epilogue, fastpath, heuristics, launch, layout, shared_a,
+                   workspace)
 from hopmm.schedules import BLOCK_M, CLUSTER_REDUCE_GROUP_ROWS, TMA_BOX_ELEMS
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -97,6 +98,13 @@ def _memcpy_2d(dst, dpitch, src, spitch, width, height, kind, stream):
     assert kind == _DEVICE_TO_DEVICE and width <= min(dpitch, spitch)
     for row in range(height):
         ctypes.memmove(dst + row * dpitch, src + row * spitch, width)
+
+
+def _zero_rows(address, pitch, width, rows, stream):
+    """cuMemsetD2D8Async to zero, on the fake arrays' host memory."""
+    assert width <= pitch
+    for row in range(rows):
+        ctypes.memset(address + row * pitch, 0, width)
 
 
 _REAL_LOADED = launch._loaded
@@ -434,6 +442,16 @@ class SimulatedDirectRepeat:
         return True
 
 
+def _forget_cupy_objects():
+    """Drop what hopmm remembers that holds objects of one cupy module (recipes, workspaces,
+    plans, the gating kernel), so that neither the real cupy's nor the fake's reach the other's
+    tests in one process (the GPU tier runs both)."""
+    fastpath.clear()
+    workspace.clear()
+    shared_a._plans.clear()
+    shared_a._gated_product.cache_clear()
+
+
 @pytest.fixture
 def simulated_gpu(monkeypatch):
     monkeypatch.setitem(sys.modules, "cupy", _fake_cupy())
@@ -442,17 +460,16 @@ def simulated_gpu(monkeypatch):
     monkeypatch.setattr(launch, "query", lambda device_id: device.H100_SXM)
     monkeypatch.setattr(hopmm._tensormap, "KernelLaunch", SimulatedLaunch)
     monkeypatch.setattr(hopmm._tensormap, "DirectRepeat", SimulatedDirectRepeat)
+    monkeypatch.setattr(hopmm._tensormap, "zero_rows", _zero_rows)
     # Stand in for the loaded kernel without touching launch._loaded's cache: on a machine
     # with a GPU, a fake handle left there would be launched by the GPU tests that follow.
     monkeypatch.setattr(launch, "_loaded", _fake_loaded)
-    fastpath.clear()
-    workspace.clear()
+    _forget_cupy_objects()
     SimulatedLaunch.launches = 0
     SimulatedLaunch.split_launches = []
     SimulatedDirectRepeat.calls = []
     yield
-    fastpath.clear()
-    workspace.clear()
+    _forget_cupy_objects()
     hopmm.use_schedule(None)
 
 
@@ -850,6 +867,34 @@ def test_simulated_forced_gemv(simulated_gpu, case):
         expect(a, b, hopmm.matmul(a, b))
         assert not SimulatedLaunch.last.templates
     assert "schedule: gemv" in hopmm.explain(a, b)
+
+
+@pytest.mark.parametrize("schedule", ["gemv", "persistent"])
+def test_gemv_reads_zeroed_row_tails_of_its_copies(simulated_gpu, monkeypatch, schedule):
+    """An aligned copy gemv reads has the bytes past each row up to the end of its last
+    16-byte vector zeroed, so its masked loads never read uninitialised memory; the rest of the
+    padding, and a tile schedule's copies (TMA reads no byte past a row), stay as they were.
+    On the first call and on repeats (the remembered copies)."""
+    made = []
+
+    def poisoned_empty(shape, dtype=None):
+        x = np.empty(shape, dtype).view(FakeArray)
+        x.view(np.uint8)[...] = 0xFF
+        made.append(x)
+        return x
+
+    monkeypatch.setattr(sys.modules["cupy"], "empty", poisoned_empty)
+    hopmm.use_schedule(schedule)
+    k = 100   # 200-byte rows: 8 bytes (4 elements) to the next 16-byte boundary
+    for _ in range(2):
+        made.clear()
+        a, b = rand((5, k)), rand((k, 64))
+        expect(a, b, hopmm.matmul(a, b))
+        (copy,) = [x for x in made if x.shape[:2] == (1, 5)]   # A's aligned copy
+        bits = copy.view(np.uint16)
+        tails = bits[..., k:k + 4]
+        assert (tails == 0).all() if schedule == "gemv" else (tails == 0xFFFF).all()
+        assert (bits[..., k + 4:] == 0xFFFF).all()
 
 
 def test_simulated_gemv_split_k_scratch(simulated_gpu):

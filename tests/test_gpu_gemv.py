@@ -176,6 +176,29 @@ def test_k_tails_over_dirty_memory(m, n, k, a_major, b_major):
         assert rel_err(c, a, b) < TOL[dtype]
 
 
+@pytest.mark.parametrize("batch,k", [(1, 100), (3, 1030), (2, 72)])
+def test_aligned_copies_get_zeroed_row_tails(batch, k):
+    """launch.zero_row_tails on the GPU (cuMemsetD2D8Async): in an aligned copy over NaN-filled
+    memory, exactly the bytes from each row's end to its next 16-byte boundary become zero;
+    rows that end on one are left alone."""
+    import cupy
+
+    from hopmm import launch
+
+    x = rand((batch, 7, k), "bfloat16")[:, :, ::-1]   # reversed: copied
+    copy, axis = launch.prepare_operand(x)
+    assert axis == "cols" and copy.data.ptr != x.data.ptr
+    pitch = copy.strides[1] // copy.itemsize
+    whole = cupy.ndarray((batch, 7, pitch), copy.dtype, copy.data, copy.strides)
+    whole[:, :, k:] = cupy.nan
+    launch.zero_row_tails(copy)
+    bits = whole.view(cupy.uint16)
+    tail = -k % 8   # elements to the next 16-byte boundary
+    assert bool((bits[:, :, k:k + tail] == 0).all())
+    assert bool(cupy.isnan(whole[:, :, k + tail:]).all())
+    assert bool((bits[:, :, :k] == x.view(cupy.uint16)).all())
+
+
 @pytest.mark.parametrize("b_major", ["k", "n"])
 @pytest.mark.parametrize("m,config", [(3, dict(max_rows=8)), (13, dict(unroll=2)),
                                       (16, dict(unroll=3, warps=4)), (11, dict(warps=2))])

@@ -245,33 +245,6 @@ def test_only_initchecks_blind_spot_on_the_workspace_is_known(tool, schedule, de
     assert (rel.known_report(tool, schedule, detail) == rel.KNOWN_BLIND_SPOT) == known
 
 
-READ_16 = "========= Uninitialized __global__ memory read of size 16 bytes"
-READ_2 = "========= Uninitialized __global__ memory read of size 2 bytes"
-SUMMARY = "========= ERROR SUMMARY: 2 errors"
-
-
-@pytest.mark.parametrize("tool,schedule,output,known", [
-    ("initcheck", "gemv", [READ_16, "=========     at 0x1f0 in hopmm_gemv", READ_16, SUMMARY],
-     True),
-    ("initcheck", "gemv", [READ_16, READ_2, SUMMARY], False),        # another kind of read
-    ("initcheck", "gemv", [READ_16, "========= ERROR SUMMARY: 900 errors (880 were not "
-                           "printed)"], False),                      # some errors unseen
-    ("initcheck", "gemv", [READ_16, "========= Invalid __global__ read of size 4 bytes"],
-     False),
-    ("memcheck", "gemv", [READ_16, SUMMARY], False),
-    ("initcheck", "persistent", [READ_16, SUMMARY], False),
-])
-def test_only_gemvs_masked_vector_reads_are_known(tool, schedule, output, known):
-    text = "\n".join(output)
-    _, detail = rel.judge_sanitizer_run(1, text)
-    assert (rel.known_report(tool, schedule, detail, text) == rel.KNOWN_MASKED_READS) == known
-    # initcheck prints every error of gemv's runs, so that none hides behind the first.
-    limit = rel.sanitizer_command("cs", tool, schedule, ["1x2x3"])
-    assert int(limit[limit.index("--print-limit") + 1]) == (
-        rel.GEMV_INITCHECK_PRINT_LIMIT if (tool, schedule) == ("initcheck", "gemv")
-        else rel.SANITIZER_PRINT_LIMIT)
-
-
 def test_sanitize_can_be_narrowed_to_tools_and_schedules(capsys):
     args = rel.parse_args(["--tools", "initcheck", "--schedules", "split_k, swiglu"])
     assert args.tools == ["initcheck"] and args.schedules == ["split_k", "swiglu"]
