@@ -48,9 +48,8 @@ def tally(text: str) -> dict[str, int]:
     return out
 
 
-# Of a failing process, the lines that say why (pytest's "E   " lines and the test and source
-# line each comes from), so that the tail of this script's output explains a failure without its
-# log file.
+# Of a failing process, the lines that say why (each failing test's header and pytest's "E   "
+# lines), so that the tail of this script's output explains a failure without its log file.
 ERROR_LINES_SHOWN = 40
 
 

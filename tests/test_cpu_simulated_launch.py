@@ -890,7 +890,8 @@ def test_gemv_reads_zeroed_row_tails_of_its_copies(simulated_gpu, monkeypatch, s
         made.clear()
         a, b = rand((5, k)), rand((k, 64))
         expect(a, b, hopmm.matmul(a, b))
-        (copy,) = [x for x in made if x.shape[:2] == (1, 5)]   # A's aligned copy
+        # A's aligned copy: 5 rows of whole 128-byte lines (the result is stored in place).
+        (copy,) = [x for x in made if x.shape == (1, 5, 128)]
         bits = copy.view(np.uint16)
         tails = bits[..., k:k + 4]
         assert (tails == 0).all() if schedule == "gemv" else (tails == 0xFFFF).all()
