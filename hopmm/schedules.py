@@ -1027,10 +1027,8 @@ class GemvSchedule:
     @classmethod
     def configs(cls, smem_limit: int = 0) -> list[GemvConfig]:
         """The default config of every row step, dtype and layout, on tensor cores and off
-        them (the heuristic's set), and the transposed store of the smallest and largest
-        step."""
-        steps = [(rows, False) for rows in GEMV_MAX_ROWS]
-        steps += [(GEMV_MAX_ROWS[0], True), (GEMV_MAX_ROWS[-1], True)]
+        them, with the transposed store and without: every config the heuristic picks."""
+        steps = [(rows, trans_c) for rows in GEMV_MAX_ROWS for trans_c in (False, True)]
         return list(dict.fromkeys(
             GemvConfig.default(dtype, ta, tb, rows, trans_c, mma)
             for (rows, trans_c), dtype, ta, tb, mma

@@ -18,19 +18,66 @@ CONFIGS = GemvSchedule.configs()
 REGISTER_FILE = 65536
 
 
+def _chosen_configs() -> list:
+    """The configs the heuristic picks for decode problems of 1-16 rows or columns, both B
+    layouts and both 16-bit dtypes: the quick tier compiles these; `-m kernels` all of them."""
+    picked = []
+    for dtype in ("bfloat16", "float16"):
+        for m, n, k in ((1, 8192, 8192), (4, 8192, 8192), (16, 8192, 8192), (8192, 8, 4096)):
+            for b_major in ("k", "n"):
+                problem = Problem(m=m, n=n, k=k, batch=1, dtype=dtype, b_major=b_major)
+                choice = heuristics.choose(problem, H100_SXM, "gemv")
+                if choice.config not in picked:
+                    picked.append(choice.config)
+    return picked
+
+
+QUICK_CONFIGS = _chosen_configs()
+
+
 @pytest.fixture(scope="module")
-def _gemv_cache(_private_kernel_cache):
-    """Every gemv kernel and its SASS listing compiled into the session's cache once, in one
-    process per CPU (the tests below then hit the cache)."""
+def _gemv_cache(request, _private_kernel_cache):
+    """The gemv kernels the selected tests check, with their SASS listings, compiled into the
+    session's cache once, in one process per CPU (the tests below then hit the cache)."""
     from hopmm import report
 
-    report.fill_cache([(GemvSchedule, cfg) for cfg in CONFIGS])
+    wanted = {item.callspec.params["compiled"] for item in request.session.items
+              if "compiled" in getattr(getattr(item, "callspec", None), "params", {})}
+    report.fill_cache([(GemvSchedule, cfg) for cfg in CONFIGS if cfg in wanted])
 
 
-@pytest.fixture(scope="module", params=CONFIGS, ids=[c.tag for c in CONFIGS])
+@pytest.fixture(scope="module", ids=[c.tag for c in CONFIGS], params=[
+    pytest.param(c, marks=() if c in QUICK_CONFIGS else pytest.mark.kernels) for c in CONFIGS])
 def compiled(request, _gemv_cache):
     cfg = request.param
     return cfg, compiler.compile_kernel(GemvSchedule.render(cfg))
+
+
+def test_the_quick_tier_compiles_both_loops_of_the_heuristics_picks():
+    """The quick tier's gemv kernels are registered configs and cover the CUDA-core and the
+    tensor-core loops, both B layouts and the transposed (few columns) case."""
+    assert all(c in CONFIGS for c in QUICK_CONFIGS)
+    assert {c.mma for c in QUICK_CONFIGS} == {False, True}
+    assert {c.trans_b for c in QUICK_CONFIGS} == {False, True}
+    assert any(c.trans_c for c in QUICK_CONFIGS)
+    assert len(QUICK_CONFIGS) < len(CONFIGS)
+
+
+def test_every_config_the_heuristic_picks_is_registered():
+    """What the kernel matrix checks is what runs: the heuristic's gemv picks over a seeded
+    random set of decode problems (few rows or few columns, any K, every layout) are all
+    registered configs."""
+    import random
+
+    rng = random.Random(18)
+    for _ in range(400):
+        few, many = rng.randint(1, 16), rng.randint(17, 20000)
+        m, n = (few, many) if rng.random() < 0.5 else (many, few)
+        problem = Problem(m=m, n=n, k=rng.randint(1, 20000), batch=rng.randint(1, 3),
+                          dtype=rng.choice(["bfloat16", "float16"]),
+                          a_major=rng.choice("km"), b_major=rng.choice("kn"))
+        choice = heuristics.choose(problem, H100_SXM, "gemv")
+        assert choice.config in CONFIGS, (problem, choice.config)
 
 
 def test_compiles_without_spills(compiled):
