@@ -136,14 +136,6 @@ def known_blind_spot(tool: str, schedule: str, detail: str) -> bool:
             and UNINITIALISED_READ in detail and "Invalid" not in detail)
 
 
-def known_report(tool: str, schedule: str, detail: str) -> str | None:
-    """Why a failed sanitizer run is a known, explained report and nothing else; None if it
-    is not."""
-    if known_blind_spot(tool, schedule, detail):
-        return KNOWN_BLIND_SPOT
-    return None
-
-
 PROCESSES = 8
 # Two kernels (the heuristic's choices for these shapes): a plain GEMM and a split-K one.
 PROCESS_SHAPES = ("1024x1024x1024", "64x1024x8192")
@@ -400,8 +392,7 @@ def sanitizer_command(sanitizer: str, tool: str, schedule: str, shapes) -> list:
     # on a device that lacks it, a pointer attribute) and handle the failures themselves.
     return [sanitizer, "--tool", tool, "--error-exitcode", str(SANITIZER_ERROR_EXIT),
             "--report-api-errors", "no", *only_hopmm,
-            "--print-limit", str(SANITIZER_PRINT_LIMIT),
-            *driver_command(shapes, schedule)]
+            "--print-limit", str(SANITIZER_PRINT_LIMIT), *driver_command(shapes, schedule)]
 
 
 def sanitizer_plan(schedules, quick: bool, tools=TOOLS) -> list:
@@ -454,13 +445,11 @@ def sanitize(args, results: list) -> None:
             done = subprocess.run(sanitizer_command(sanitizer, tool, schedule, shapes),
                                   capture_output=True, text=True, env=child_env(),
                                   timeout=SANITIZER_TIMEOUT_S)
-            output = done.stdout + done.stderr
-            status, detail = judge_sanitizer_run(done.returncode, output)
+            status, detail = judge_sanitizer_run(done.returncode, done.stdout + done.stderr)
         except subprocess.TimeoutExpired:
-            output, status, detail = "", "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
-        known = known_report(tool, schedule, detail) if status == "FAIL" else None
-        if known is not None:
-            status, detail = "known", f"{known}; {detail}"
+            status, detail = "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
+        if status == "FAIL" and known_blind_spot(tool, schedule, detail):
+            status, detail = "known", f"{KNOWN_BLIND_SPOT}; {detail}"
         # A run of one shape (SHAPE_BY_SHAPE_TOOLS) is named by it.
         name = f"{tool} {schedule}" + (f" {shapes[0]}" if len(shapes) == 1 else "")
         return Result("sanitize", name, status, f"{len(shapes)} shapes: {detail}",
@@ -715,7 +704,6 @@ def soak(args, results: list) -> None:
             if calls % SOAK_SCHEDULE_STRETCH == 0:
                 hopmm.use_schedule(rng.choice(schedules))
             case = rng.choice(repeated) if rng.random() < SOAK_REPEAT_SHARE else random_case(rng)
-            keywords = None
             try:
                 a, b = device_operands(case, generator)
                 if rng.random() < SOAK_FUSED_SHARE:

@@ -297,6 +297,42 @@ def lookup(k):
     return _recipes.get(k)
 
 
+class Remembered:
+    """Values kept under keys for later calls, each valid in the `generation` it was kept in
+    (one of an older choice, before use_schedule, autotune or clear(), is never returned); at
+    most `limit` entries, then all are dropped, as _recipes are. None as a key: not kept."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self._entries: dict = {}
+
+    def get(self, k):
+        entry = None if k is None else self._entries.get(k)
+        if entry is None:
+            return None
+        value, kept_at = entry
+        if kept_at != generation:
+            self._entries.pop(k, None)
+            return None
+        return value
+
+    def put(self, k, value) -> None:
+        if k is None:
+            return
+        if len(self._entries) >= self.limit:
+            self._entries.clear()
+        self._entries[k] = (value, generation)
+
+    def values(self) -> list:
+        return [value for value, _ in self._entries.values()]
+
+    def clear(self) -> None:
+        self._entries.clear()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+
 def remember(k, recipe: Recipe, chosen_at: int) -> None:
     with _lock:
         if chosen_at != generation:

@@ -9,11 +9,11 @@ from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
-                        MAX_CLUSTER_SPLITS, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig,
-                        GemvSchedule, KernelConfig, PersistentClusterOverlapSchedule,
-                        PersistentClusterSchedule, PersistentOverlapSchedule,
-                        PersistentSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
-                        SplitKSchedule)
+                        MAX_CLUSTER_SPLITS, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
+                        WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
+                        PersistentClusterOverlapSchedule, PersistentClusterSchedule,
+                        PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
+                        SplitKParallelSchedule, SplitKSchedule)
 
 # M-tiles per raster group: a wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256, whose
 # k-slices of A and B stay in L2 while the wave runs (groups of 4 read B again on every wave:

@@ -32,9 +32,9 @@ from .layout import TMA_ALIGN, byte_bounds, overlaps
 # dropped rather than grown (streams are created and destroyed by some programs).
 MAX_STREAMS = 64
 _streams: dict = {}
-# Torch calls that repeat through direct launches: _tensor_key -> (fastpath.DirectRecipe,
-# fastpath.generation when remembered).
-_direct: dict = {}
+# Torch calls that repeat through direct launches: _tensor_key -> fastpath.DirectRecipe (or
+# _fused_tensor_key -> fastpath.Recipe).
+_direct = fastpath.Remembered(fastpath.MAX_RECIPES)
 
 
 def _tensor_type():
@@ -89,30 +89,9 @@ def matmul_tensors(matmul, a, b, out):
     def remember(cupy_args, cupy_kwargs, cupy_result):
         recipe = fastpath.lookup(fastpath.key(*cupy_args))
         if isinstance(recipe, fastpath.DirectRecipe):
-            _remember_direct(_tensor_key(a, b, out), recipe)
+            _direct.put(_tensor_key(a, b, out), recipe)
 
     return call_with_tensors(matmul, (a, b, out), {}, after=remember)
-
-
-def _remember_direct(k, recipe) -> None:
-    """Keeps `recipe` for repeats of the torch call of key k (None: not repeatable)."""
-    if k is None:
-        return
-    if len(_direct) >= fastpath.MAX_RECIPES:
-        _direct.clear()
-    _direct[k] = (recipe, fastpath.generation)
-
-
-def _remembered(k):
-    """The recipe remembered for key k, or None (none, or one of an older choice: dropped)."""
-    entry = None if k is None else _direct.get(k)
-    if entry is None:
-        return None
-    recipe, generation = entry
-    if generation != fastpath.generation:   # launches of an older choice (use_schedule)
-        _direct.pop(k, None)
-        return None
-    return recipe
 
 
 def fused_tensors(matmul, a, b, out, keywords: dict):
@@ -128,7 +107,7 @@ def fused_tensors(matmul, a, b, out, keywords: dict):
         k = fastpath.fused_key(*cupy_args, cupy_kwargs)
         recipe = None if k is None else fastpath.lookup(k)
         if isinstance(recipe, fastpath.Recipe) and recipe.in_place:
-            _remember_direct(_fused_tensor_key(a, b, out, keywords), recipe)
+            _direct.put(_fused_tensor_key(a, b, out, keywords), recipe)
 
     return call_with_tensors(matmul, (a, b, out), keywords, after=remember)
 
@@ -168,7 +147,7 @@ def _direct_fused_repeat(a, b, out, keywords: dict):
     """The result of a fused repeat through its remembered launches, on the current torch
     stream, with the new bias and c pointers; None where the call takes the full path (no
     recipe, or an out that overlaps A, B, bias or c other than being c itself)."""
-    recipe = _remembered(_fused_tensor_key(a, b, out, keywords))
+    recipe = _direct.get(_fused_tensor_key(a, b, out, keywords))
     if recipe is None:
         return None
     bias, c = keywords["bias"], keywords["c"]
@@ -231,7 +210,7 @@ def _raw_stream(torch, device: int) -> int:
 def _direct_repeat(a, b, out):
     """The result of a repeat through its remembered direct launches, on the current torch
     stream, into a new torch tensor or `out`; None where the call takes the full path."""
-    recipe = _remembered(_tensor_key(a, b, out))
+    recipe = _direct.get(_tensor_key(a, b, out))
     if recipe is None:
         return None
     torch = sys.modules["torch"]

@@ -13,7 +13,7 @@ from .heuristics import Choice
 from .device import query
 from .layout import BatchMapping
 from .problem import LINE_BYTES, Problem
-from .schedules import F32_BYTES, TMA_BOX_ELEMS, WORKSPACE_BOX
+from .schedules import ELEM_BYTES, F32_BYTES, GEMV_VEC, TMA_BOX_ELEMS, WORKSPACE_BOX
 
 
 class KernelResourceError(compiler.ResourceError):
@@ -126,7 +126,7 @@ def copy_rows(dst, src) -> None:
 
 # gemv's loads: it reads rows in whole vectors of this many bytes and masks the elements past
 # K; its batch strides are passed in these units.
-VECTOR_BYTES = 16
+VECTOR_BYTES = GEMV_VEC * ELEM_BYTES
 
 
 def zero_row_tails(x3) -> None:

@@ -901,10 +901,9 @@ class GemvConfig:
 class GemvSchedule:
     """C = A @ B as one stream of B for outputs of very few rows (decode): CUDA-core fp32 FMAs
     (or, from 8 rows, mma.m16n8k16 on tensor cores), 16-byte non-temporal loads of B, A read
-    through L1, K split across CTAs where N alone
-    gives too few and the partials added up in split order by the last CTA of each tile
-    (kernel_gemv.cuh). Not a TMA/wgmma tile schedule: no tensor maps, its own kernel
-    signature (gemv_entry.cu.in) and launch (launch.GemvLaunch)."""
+    through L1, K split across CTAs where N alone gives too few and the partials added up in
+    split order by the last CTA of each tile (kernel_gemv.cuh). Not a TMA/wgmma tile schedule:
+    no tensor maps, its own kernel signature (gemv_entry.cu.in) and launch (GemvLaunch)."""
 
     name = "gemv"
     skeleton = "kernel_gemv.cuh"
@@ -984,7 +983,8 @@ class GemvSchedule:
         top = cls.max_splits(problem, cfg, batch_count)
         if not 1 <= splits <= top:
             raise ValueError(f"gemv: {splits} splits, at most {top} here (a vector of K, or a "
-                             f"32-element chunk on tensor cores, per split, {GEMV_COUNTERS} tile counters, {MAX_GRID_Y} in grid y)")
+                             f"{GEMV_MMA_CHUNK}-element chunk on tensor cores, per split, "
+                             f"{GEMV_COUNTERS} tile counters, {MAX_GRID_Y} in grid y)")
         row_groups, col_blocks = cls.tiles(problem, cfg)
         return (row_groups * col_blocks, splits, batch_count)
 

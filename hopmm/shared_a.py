@@ -45,11 +45,10 @@ def _sequence(fname: str, name: str, value) -> list:
 # Plans of recent products, by what validating and planning one depends on: the operands'
 # fastpath key with the bias and activation (fastpath.fused_key), a forced schedule and
 # HOPMM_STRICT. A repeated call skips api.plan, a matmul call's whole host path per B. Kept
-# without their epilogue (which holds the bias array), with the fastpath.generation they were
-# made in (a plan of an older choice, before autotune or fastpath.clear, is made again);
-# bounded like fastpath's recipes.
+# without their epilogue (which holds the bias array); a plan of an older choice (before
+# autotune or fastpath.clear) is made again.
 MAX_PLANS = 256
-_plans: dict = {}
+_plans = fastpath.Remembered(MAX_PLANS)
 
 
 def _plan_key(a, b, bias, activation):
@@ -67,19 +66,13 @@ def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _C
     plans = []
     for b, name, bias in zip(bs, names, biases):
         k = _plan_key(a, b, bias, activation)
-        entry = None if k is None else _plans.get(k)
-        p = None
-        if entry is not None and entry[1] == fastpath.generation:
-            p = entry[0]
+        p = _plans.get(k)
         if p is None:
             try:
                 p = replace(api.plan(a, b, bias=bias, activation=activation), epilogue=None)
             except (TypeError, ValueError, AttributeError) as exc:
                 raise type(exc)(f"{fname}: {name}: {exc}") from exc
-            if k is not None:
-                if len(_plans) >= MAX_PLANS:
-                    _plans.clear()
-                _plans[k] = (p, fastpath.generation)
+            _plans.put(k, p)
         plans.append(p)
     return _Checked(plans, activation, biases)
 
@@ -130,13 +123,13 @@ def swiglu(a, w_gate, w_up):
                          f"the gate and up projections must have one shape")
     if _one_kernel(SwigluSchedule, a, w_gate, w_up, checked, 0):
         return _run_dual(SwigluSchedule, a, w_gate, w_up, checked.plans[0], None)[0]
-    import cupy
-
     gate = api.matmul(a, w_gate)
     up = api.matmul(a, w_up)
     with gate.device:
         if gate.dtype.itemsize == 2:   # float16, bfloat16: one pass, in fp32
             return _gated_product()(gate, up)
+        import cupy
+
         return gate / (1 + cupy.exp(-gate)) * up
 
 

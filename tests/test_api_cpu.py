@@ -59,6 +59,23 @@ def test_a_choice_made_before_a_clear_is_not_remembered():
     assert fastpath.lookup("k") is None
 
 
+def test_remembered_values_retire_with_their_generation_and_stay_bounded():
+    """fastpath.Remembered (torch calls' launches, shared-A plans): a value kept before a
+    clear() is never returned after it; past its limit everything is dropped; None is no key."""
+    from hopmm import fastpath
+
+    kept = fastpath.Remembered(limit=2)
+    kept.put("a", 1)
+    kept.put(None, 2)
+    assert kept.get("a") == 1 and kept.get(None) is None and len(kept) == 1
+    fastpath.clear()
+    assert kept.get("a") is None and len(kept) == 0
+    kept.put("a", 1)
+    kept.put("b", 2)
+    kept.put("c", 3)
+    assert len(kept) == 1 and kept.get("c") == 3 and kept.values() == [3]
+
+
 def test_imports_without_cupy():
     """CuPy is imported by the first call (fastpath binds it then), never by `import hopmm`."""
     import subprocess

@@ -120,7 +120,8 @@ def test_gemv_is_registered_apart_from_the_tile_schedules():
     (dict(max_rows=3), "max_rows"), (dict(warps=0), "warps"),
     (dict(trans_b=True, cols=2, unroll=8), "cols"), (dict(trans_b=True, cols=1, unroll=4), "unroll"),
     (dict(dtype="float32"), "dtype"), (dict(mma=True), "max_rows"),
-    (dict(mma=True, max_rows=16, cols=4), "cols"), (dict(mma=True, max_rows=8, unroll=0), "unroll")])
+    (dict(mma=True, max_rows=16, cols=4), "cols"),
+    (dict(mma=True, max_rows=8, unroll=0), "unroll")])
 def test_config_validates(kwargs, match):
     base = dict(dtype="bfloat16", trans_a=False, trans_b=False, max_rows=4)
     with pytest.raises(ValueError, match=match):

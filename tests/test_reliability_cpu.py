@@ -242,7 +242,6 @@ def test_commands_run_together_and_each_output_comes_back():
 ])
 def test_only_initchecks_blind_spot_on_the_workspace_is_known(tool, schedule, detail, known):
     assert rel.known_blind_spot(tool, schedule, detail) == known
-    assert (rel.known_report(tool, schedule, detail) == rel.KNOWN_BLIND_SPOT) == known
 
 
 def test_sanitize_can_be_narrowed_to_tools_and_schedules(capsys):

@@ -267,7 +267,7 @@ def test_repeated_calls_reuse_their_plans_and_still_validate(simulated_gpu, monk
     # Remembered plans hold no bias array.
     hopmm.use_schedule(None)
     hopmm.matmul_shared_a(a, [g, u], bias=[rand((128,)), None])
-    assert all(p.epilogue is None for p, _ in shared_a._plans.values())
+    assert all(p.epilogue is None for p in shared_a._plans.values())
 
 
 def test_bs_of_different_layouts_are_composed(simulated_gpu):

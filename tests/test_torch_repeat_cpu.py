@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import hopmm
-from hopmm import epilogue, interop
+from hopmm import epilogue, fastpath, interop
 from test_cpu_simulated_launch import (BF16, FakeArray, _Device, rand,  # noqa: F401
                                        simulated_gpu)
 
@@ -77,7 +77,7 @@ def torch_on_simulated_gpu(simulated_gpu, monkeypatch):
     monkeypatch.setattr(interop, "cupy_to_tensor", lambda x, torch, cupy: FakeTensor(x))
     monkeypatch.setattr(interop, "_external_stream",
                         lambda torch, cupy, device: contextlib.nullcontext())
-    monkeypatch.setattr(interop, "_direct", {})
+    monkeypatch.setattr(interop, "_direct", fastpath.Remembered(fastpath.MAX_RECIPES))
     return converted
 
 
