@@ -13,7 +13,7 @@ from . import fastpath, heuristics, interop, launch, layout, operands, tuning, v
 from .problem import KERNEL_DTYPES
 from .schedules import DUAL_B_SCHEDULES
 
-STRICT_ENV = "HOPMM_STRICT"
+STRICT_ENV = fastpath.STRICT_ENV
 SCHEDULE_ENV = "HOPMM_SCHEDULE"
 
 # A schedule forced by the user (use_schedule or HOPMM_SCHEDULE, read at import), else the
@@ -131,7 +131,7 @@ def cupy_matmul_takes(dtype_name: str, batch_shape: tuple) -> bool:
 def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes) -> str | None:
     """heuristics.copy_route_reason for the aligned copies this call would make, unless a
     schedule is forced or HOPMM_STRICT asks for hopmm's kernels."""
-    if _matmul_override() or os.environ.get(STRICT_ENV, "") not in ("", "0"):
+    if _matmul_override() or fastpath.strict():
         return None
     if not cupy_matmul_takes(a.dtype.name, shapes.batch_shape):
         return None
@@ -193,12 +193,16 @@ def matmul(a, b, out=None, *, bias=None, activation=None, alpha=_ALPHA_DEFAULT,
         return interop.matmul_tensors(matmul, a, b, out)
     import cupy
 
+    chosen_at = fastpath.generation
     p = plan(a, b, out)
     if p.path == "cupy.matmul":
-        if os.environ.get(STRICT_ENV, "") not in ("", "0"):
+        if fastpath.strict():
             raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "
                                 f"(unset {STRICT_ENV} to allow it)")
-        return cupy.matmul(a, b, out=out)
+        result = cupy.matmul(a, b, out=out)
+        if k is not None and p.path == "cupy.matmul":
+            fastpath.remember(k, fastpath.ROUTE, chosen_at)
+        return result
     with a.device:  # the result lives with the operands, wherever the current device is
         result = out if out is not None else cupy.empty(p.shapes.out_shape, dtype=p.dtype)
         if p.path == "zeros":
@@ -223,7 +227,7 @@ def _fused_matmul(a, b, out, **keywords):
     ep = p.epilogue
     if ep.spec == epilogue_mod.PLAIN and ep.alpha == 1.0:  # c with beta = 0 only
         return matmul(a, b, out)
-    if p.path == "cupy.matmul" and os.environ.get(STRICT_ENV, "") not in ("", "0"):
+    if p.path == "cupy.matmul" and fastpath.strict():
         raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "
                             f"(unset {STRICT_ENV} to allow it)")
     if p.path != "kernel":
@@ -321,7 +325,7 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     if (recipe_key is not None and not overlapping and repeatable
             and None not in copies.values()):
         fastpath.remember(recipe_key, fastpath.make_recipe(
-            s.out_shape, result.dtype, launches, a, b, result if user_out else None,
+            s.out_shape, result.dtype, launches, a, b, result if user_out else None, result,
             copies.get("a"), copies.get("b"), c_buffer, fused=ep is not None), chosen_at)
 
 

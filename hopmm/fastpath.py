@@ -9,11 +9,13 @@ through one call into the extension (DirectRecipe), the host cost of a repeat ke
 Python statements."""
 from __future__ import annotations
 
+import os
 import threading
 from dataclasses import dataclass
 from typing import Callable
 
-from . import _tensormap, launch
+from . import _tensormap, launch, row_copy
+from . import device as device_mod
 from .layout import TMA_ALIGN, byte_bounds, overlaps
 
 MAX_RECIPES = 4096
@@ -79,6 +81,107 @@ class OperandCopy:
         return buf
 
 
+# Offsets of the parts of a repeat's scratch (ScratchCopies): TMA wants 16-byte aligned bases;
+# CuPy's pool hands out 256-byte aligned blocks, kept for every part.
+SCRATCH_ALIGN = 256
+
+
+@dataclass(frozen=True)
+class ScratchCopies:
+    """How a repeat makes its aligned copies and its result buffer: all in one scratch
+    allocation of `nbytes`, the operands' rows copied by one launch of hopmm's row-copy kernel
+    (row_copy.py) before the product's launches and the result's by one after, where each
+    copy was a cudaMemcpy2DAsync and an allocation of its own. `*_at`: byte offsets into the
+    scratch, None where the operand is read in place (the result stored in place);
+    `*_src`: the copied rows' byte offsets from the operand's base pointer."""
+    nbytes: int
+    a_at: int | None
+    a_src: int
+    b_at: int | None
+    b_src: int
+    c_at: int | None
+    copy_in: object | None    # KernelLaunch (src0, dst0, src1, dst1) of the operands' copies
+    copy_out: object | None   # KernelLaunch (src, dst, 0, 0) of the result's
+
+    def run(self, launches: list, a_ptr: int, b_ptr: int, result_ptr: int,
+            epilogue_ptrs: tuple) -> None:
+        cupy = _cupy or _bind_cupy()
+        # Referenced until every launch reading it is queued: CuPy's pool then hands the
+        # memory only to work queued after them on this stream.
+        scratch = cupy.empty(self.nbytes, dtype=cupy.uint8)
+        base = scratch.data.ptr
+        stream = cupy.cuda.get_current_stream().ptr
+        a_read = a_ptr if self.a_at is None else base + self.a_at
+        b_read = b_ptr if self.b_at is None else base + self.b_at
+        if self.copy_in is not None:
+            pointers = []
+            if self.a_at is not None:
+                pointers += [a_ptr + self.a_src, a_read]
+            if self.b_at is not None:
+                pointers += [b_ptr + self.b_src, b_read]
+            self.copy_in.launch(stream, *pointers, *[0] * (row_copy.POINTERS - len(pointers)))
+        c_ptr = result_ptr if self.c_at is None else base + self.c_at
+        for kernel_launch in launches:
+            kernel_launch.launch(stream, a_read, b_read, c_ptr, *epilogue_ptrs)
+        if self.copy_out is not None:
+            self.copy_out.launch(stream, c_ptr, result_ptr, 0, 0)
+
+
+def scratch_copies(result, a_copy: OperandCopy | None, b_copy: OperandCopy | None,
+                   c_buffer: tuple | None) -> ScratchCopies | None:
+    """The ScratchCopies of a recipe whose launches read `a_copy` / `b_copy` and store through
+    `c_buffer` into `result` (its strides are the key's); None where one of them is not one
+    matrix of 16-bit rows (a batch, a view the copy kernel cannot address): such a recipe
+    copies as the first call did."""
+    cupy = _cupy or _bind_cupy()
+    item = result.itemsize
+    if item != row_copy.ELEM_BYTES:
+        return None
+    nbytes = 0
+
+    def take(size: int) -> int:
+        nonlocal nbytes
+        at = nbytes
+        nbytes += -(-size // SCRATCH_ALIGN) * SCRATCH_ALIGN
+        return at
+
+    jobs, places = [], {}
+    for name, copy in (("a", a_copy), ("b", b_copy)):
+        if copy is None:
+            places[name] = (None, 0)
+            continue
+        batch, rows, pitch = copy.padded_shape
+        if copy.rows_at is None or batch != 1 or copy.rows_at[1] % item:
+            return None
+        offset, stride, width = copy.rows_at
+        jobs.append(row_copy.RowJob(rows, width // item, stride // item, pitch, pad=True))
+        places[name] = (take(rows * pitch * item), offset)
+    out_job = c_at = None
+    if c_buffer is not None:
+        batch, m, n, pitch = c_buffer
+        if batch != 1:
+            return None
+        if result.flags.c_contiguous:
+            dst_pitch = n
+        else:
+            rows = launch.matrix_rows(result)
+            if rows is None or (rows.rows, rows.width) != (m, n * item) or rows.stride % item:
+                return None
+            dst_pitch = rows.stride // item
+        out_job = row_copy.RowJob(m, n, pitch, dst_pitch, pad=False)
+        c_at = take(m * pitch * item)
+    if not jobs and out_job is None:
+        return None
+    device_id = cupy.cuda.Device().id
+    sm_count = device_mod.query(device_id).sm_count
+    copy_in = row_copy.launcher(jobs, device_id, sm_count) if jobs else None
+    copy_out = (row_copy.launcher([out_job], device_id, sm_count)
+                if out_job is not None else None)
+    if (jobs and copy_in is None) or (out_job is not None and copy_out is None):
+        return None
+    return ScratchCopies(nbytes, *places["a"], *places["b"], c_at, copy_in, copy_out)
+
+
 @dataclass(frozen=True)
 class Recipe:
     out_shape: tuple
@@ -94,6 +197,8 @@ class Recipe:
     # shape and strides); None for a recipe of calls without out, whose key never matches a
     # call with one.
     out_bounds: tuple | None = None
+    # The copies and the result buffer through hopmm's row-copy kernel, where it takes them.
+    scratch: ScratchCopies | None = None
 
     @property
     def in_place(self) -> bool:
@@ -117,6 +222,9 @@ class Recipe:
                     or overlaps(o, (b_ptr + self.b_bounds[0], b_ptr + self.b_bounds[1]))):
                 return None
             result = out
+        if self.scratch is not None:
+            self.scratch.run(self.launches, a_ptr, b_ptr, result.data.ptr, epilogue_ptrs)
+            return result
         # The copies stay referenced until the launches are queued after them on this stream.
         a_read = self.a_copy.make(a) if self.a_copy else a
         b_read = self.b_copy.make(b) if self.b_copy else b
@@ -157,17 +265,43 @@ class DirectRecipe:
         return None
 
 
+# HOPMM_STRICT=1: a call that would fall back to cupy.matmul raises (api.FallbackError).
+STRICT_ENV = "HOPMM_STRICT"
+
+
+def strict() -> bool:
+    return os.environ.get(STRICT_ENV, "") not in ("", "0")
+
+
+@dataclass(frozen=True)
+class RouteRecipe:
+    """A plain call that api.plan sent to cupy.matmul (a dtype or device hopmm's kernels do
+    not take, or heuristics.copy_route_reason): a repeat calls cupy.matmul straight away,
+    since planning such a call costs more host time than a small product takes on the GPU.
+    Under HOPMM_STRICT a repeat takes the full path, which raises."""
+
+    def run(self, a, b, out):
+        if strict():
+            return None
+        cupy = _cupy or _bind_cupy()
+        return cupy.matmul(a, b, out=out)
+
+
+ROUTE = RouteRecipe()
+
+
 def relative_bounds(x) -> tuple[int, int]:
     """Byte bounds of x relative to its base pointer."""
     return byte_bounds(0, x.shape, x.strides, x.itemsize)
 
 
-def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out,
+def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out, result,
                 a_copy: OperandCopy | None = None, b_copy: OperandCopy | None = None,
                 c_buffer: tuple | None = None, fused: bool = False) -> Recipe | DirectRecipe:
-    """The recipe repeating a call of operands a, b (and the caller's out, or None) whose
-    launches read `a_copy`/`b_copy` of them and stored through `c_buffer` where not None;
-    `fused`: the launches also take a fused epilogue's pointers (never a DirectRecipe)."""
+    """The recipe repeating a call of operands a, b (and the caller's out, or None) into
+    `result` (out, or the array made for it) whose launches read `a_copy`/`b_copy` of them
+    and stored through `c_buffer` where not None; `fused`: the launches also take a fused
+    epilogue's pointers (never a DirectRecipe)."""
     a_bounds, b_bounds = relative_bounds(a), relative_bounds(b)
     out_bounds = None if out is None else relative_bounds(out)
     # Split-K's WorkspaceLaunch looks up its stream's workspace in Python: not direct.
@@ -176,7 +310,7 @@ def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out,
         return DirectRecipe(out_shape, dtype,
                             _tensormap.DirectRepeat(launches, a_bounds, b_bounds, out_bounds))
     return Recipe(out_shape, dtype, launches, a_bounds, b_bounds, a_copy, b_copy, c_buffer,
-                  out_bounds)
+                  out_bounds, scratch_copies(result, a_copy, b_copy, c_buffer))
 
 
 _recipes: dict = {}

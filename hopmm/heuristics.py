@@ -19,6 +19,11 @@ from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_V
 # k-slices of A and B stay in L2 while the wave runs (groups of 4 read B again on every wave:
 # bench/NOTES.md v0.14).
 RASTER_GROUP_M = 16
+# Where the whole grid runs in one round (a CTA for every tile and split at once), no tile
+# waits for a later wave and that argument does not hold: groups of 4 M-tiles ran up to 18 %
+# faster than 16 on such problems with several N-tiles, and within 2 % of the best group on
+# each of the 12 such problems autotune timed (bench/NOTES.md v0.23).
+ONE_ROUND_RASTER_GROUP = 4
 
 # Split-K (SplitKSchedule) gives idle SMs slices of K where the output has too few tiles and
 # K is long; each split costs a serial hand-off, so the split count is the minimum of a time
@@ -71,9 +76,10 @@ PARALLEL_FILL_SLACK = 1.03
 # 128-row tiles: split_k_parallel is weighed against the other split-K schedules only where it
 # takes more splits than a cluster holds; with no more, split_k_cluster's reduction ran as fast
 # or faster (bench/NOTES.md v0.17).
-# Problems of at most this many rows run on split_k_parallel's 64-row tiles, split or not: a
+# Problems of at most this many rows that split K run on split_k_parallel's 64-row tiles: a
 # 128-row tile computes as many rows again that are never stored, at the cost of loaded ones
-# (bench/NOTES.md v0.17).
+# (bench/NOTES.md v0.17). Unsplit, the persistent kernels' wider 128-row tiles streamed B
+# faster (1.06-1.67 x on three such problems, bench/NOTES.md v0.23).
 SHORT_TILE_MAX_M = 64
 # The tile width the unsplit baseline of the split-K models is rated on.
 UNSPLIT_BLOCK_N = 128
@@ -327,13 +333,16 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
         picks = [p for p in picks if not (p[1] is SplitKParallelSchedule
                                           and p[3].block_m == BLOCK_M
                                           and p[2] <= MAX_CLUSTER_SPLITS)]
+    # Problems of few rows split on the 64-row tiles (SHORT_TILE_MAX_M) whatever the models of
+    # the 128-row split-K schedules say (those models do not see the rows past M), or, where
+    # their best count is one split, not at all.
+    if forced is None and problem.m <= SHORT_TILE_MAX_M:
+        picks = [p for p in picks if p[3].block_m == WGMMA_M]
     if not picks:
         return None
-    # Problems of few rows run on the 64-row tiles (SHORT_TILE_MAX_M) whatever the models of
-    # the 128-row split-K schedules say: those models do not see the rows past M.
-    if any(cfg.block_m == WGMMA_M for *_, cfg in picks):
-        picks = [p for p in picks if p[3].block_m == WGMMA_M]
     estimate, sched, splits, cfg = min(picks, key=lambda p: (p[0], p[2]))
+    if forced is None and splits == 1:
+        return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     k_blocks = sched.k_blocks(problem, cfg)
     if sched is SplitKParallelSchedule:
@@ -352,7 +361,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
            + (f"; predicted {estimate:.1f} us" if estimate else "")
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
-    return Choice(sched, cfg, why, _raster_group(problem, cfg.block_m), splits)
+    return Choice(sched, cfg, why, _raster_group(problem, cfg, device, splits), splits)
 
 
 # Operands TMA cannot read in place (rows not a multiple of 16 bytes) are copied into aligned
@@ -586,7 +595,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
             why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
                    f"spans two cache lines: clusters of {UNALIGNED_B_SCHEDULE.cluster_size} CTAs "
                    f"share each B tile and load it once; {why}")
-            group = _raster_group(problem, cfg.block_m)
+            group = _raster_group(problem, cfg, device)
             return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
                           group)
     # The persistent schedule ran at least as fast as one tile per CTA (bench/NOTES.md v0.3).
@@ -627,7 +636,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
             if paired is not None:
                 sched, cfg, pairing = paired
                 why = f"{why}; {pairing}"
-    group = _raster_group(problem, cfg.block_m)
+    group = _raster_group(problem, cfg, device)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
@@ -699,15 +708,21 @@ def dual_b_choice(schedule, problem: Problem, device: DeviceInfo) -> Choice:
     if cfg is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for {schedule.name}'s stages")
-    group = _raster_group(problem, cfg.block_m)
+    group = _raster_group(problem, cfg, device)
     why = (f"{schedule.name}: both products of each {cfg.block_m}x{block_n} tile from one A "
            f"tile per k-block")
     return Choice(schedule, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
-def _raster_group(problem: Problem, block_m: int) -> int:
-    """M-tiles per raster group: RASTER_GROUP_M, or all of them where there are fewer."""
-    return min(RASTER_GROUP_M, -(-problem.m // block_m))
+def _raster_group(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
+                  splits: int = 1) -> int:
+    """M-tiles per raster group: ONE_ROUND_RASTER_GROUP where every CTA of the grid (a tile's
+    splits, the batch) is resident at once, else RASTER_GROUP_M; all of them where there are
+    fewer."""
+    tiles_m = -(-problem.m // cfg.block_m)
+    ctas = tiles_m * -(-problem.n // cfg.block_n) * splits * problem.batch
+    group = ONE_ROUND_RASTER_GROUP if ctas <= device.sm_count else RASTER_GROUP_M
+    return min(group, tiles_m)
 
 
 def _b_rows_unaligned(problem: Problem) -> bool:

@@ -219,8 +219,9 @@ def record(new: dict) -> None:
 
 
 def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
-    """Every schedule x tile shape x raster group that fits, with the deepest pipeline. (A
-    cluster schedule walks its groups of M tiles pair by pair: same groups, same meaning.)"""
+    """Every schedule x tile shape x raster group that fits, with the deepest pipeline, and
+    the heuristic's choice. (A cluster schedule walks its groups of M tiles pair by pair: same
+    groups, same meaning.)"""
     out = []
     for sched in SCHEDULES.values():
         if sched is SplitKParallelSchedule:
@@ -249,7 +250,13 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
                 counts = {min(s, bound) for s in SPLIT_COUNTS if s <= SPLIT_K_MAX_SPLITS}
             for splits in sorted(counts if short else counts - {1}):
                 out.extend(Choice(sched, cfg, "autotune candidate", g, splits) for g in groups)
-    return out + gemv_candidates(problem, device)
+    out += gemv_candidates(problem, device)
+    # The heuristic's own choice, whose split count or group may be none of those above: a
+    # table entry then never holds a config slower than what matmul runs untuned.
+    own = heuristics.choose(problem, device)
+    if label(own) not in {label(c) for c in out}:
+        out.append(replace(own, reason="autotune candidate"))
+    return out
 
 
 def label(choice: Choice) -> str:

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import hopmm
-from hopmm import (api, device, epilogue, fastpath, heuristics, launch, layout, shared_a,
-                   workspace)
+from hopmm import (api, device, epilogue, fastpath, heuristics, launch, layout, row_copy,
+                   shared_a, workspace)
 from hopmm.schedules import BLOCK_M, CLUSTER_REDUCE_GROUP_ROWS, TMA_BOX_ELEMS
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
@@ -165,6 +165,7 @@ class SimulatedLaunch:
     """What the kernel computes, reconstructed from its launch arguments only."""
 
     launches = 0
+    copies = 0            # launches of the row-copy kernel
     split_launches = []   # (grid, stream, workspace pointer, semaphore pointer) of split-K
 
     def __init__(self, function, grid, block_x, shared_mem_bytes, map_templates, ints,
@@ -177,6 +178,10 @@ class SimulatedLaunch:
         self.grid = grid
         self.pointers = pointers
         self.function = function
+        if _KERNEL_NAMES.get(row_copy.KERNEL_NAME) == function:
+            assert not map_templates and pointers == row_copy.POINTERS and block_x == 256
+            self.copy_ints = tuple(ints)
+            return
         if not map_templates:   # gemv: raw pointers and launch._gemv_ints
             self.gemv_ints = tuple(ints)
             return
@@ -189,6 +194,9 @@ class SimulatedLaunch:
         assert bool(self.epilogue_ints) == (self.epilogue_spec is not None)
 
     def launch(self, stream, a_ptr, b_ptr, c_ptr, *extra):
+        if hasattr(self, "copy_ints"):   # counted apart: `launches` and `last` are products'
+            SimulatedLaunch.copies += 1
+            return self._copy_rows(a_ptr, b_ptr, c_ptr, *extra)
         SimulatedLaunch.launches += 1
         SimulatedLaunch.last = self
         if not self.templates:
@@ -265,6 +273,23 @@ class SimulatedLaunch:
         if spec.bias:
             v = v + _strided(bias_ptr, (m, n), (brs, bcs), dt)
         return epilogue.activate(np, v.astype(np.float32), spec.activation).astype(dt)
+
+    def _copy_rows(self, *pointers):
+        """The row-copy kernel (copy_rows.cuh), from its pointers and integers alone: job j
+        (blockIdx.y) copies rows of `width` 16-bit elements between pitches; a padded
+        destination (`pad`) whose rows start on 16 bytes gets zeros to the end of each row's
+        last 16-byte chunk, any other only the row's elements."""
+        assert len(pointers) == row_copy.POINTERS and self.grid[1] in (1, 2)
+        n = row_copy.JOB_INTS
+        for job in range(self.grid[1]):
+            src, dst = pointers[2 * job], pointers[2 * job + 1]
+            rows, width, src_pitch, dst_pitch, pad = self.copy_ints[n * job:n * job + n]
+            assert src and dst and width <= min(src_pitch, dst_pitch)
+            padded = pad and dst % 16 == 0 and dst_pitch % 8 == 0
+            written = -(-width // 8) * 8 if padded else width
+            for row in range(rows):
+                ctypes.memmove(dst + 2 * row * dst_pitch, src + 2 * row * src_pitch, 2 * width)
+                ctypes.memset(dst + 2 * (row * dst_pitch + width), 0, 2 * (written - width))
 
     def _gemv(self, a_ptr, b_ptr, c_ptr, scratch_ptr):
         """The gemv kernel, from its pointers and integers alone (gemv_entry.cu.in): strides
@@ -466,6 +491,7 @@ def simulated_gpu(monkeypatch):
     monkeypatch.setattr(launch, "_loaded", _fake_loaded)
     _forget_cupy_objects()
     SimulatedLaunch.launches = 0
+    SimulatedLaunch.copies = 0
     SimulatedLaunch.split_launches = []
     SimulatedDirectRepeat.calls = []
     yield
@@ -551,6 +577,28 @@ def test_repeat_calls_with_copies_read_the_new_operands(simulated_gpu, monkeypat
         expect(a, b, out)
     assert len(planned) == 2   # one call without out=, one with
     assert bool(views) == (case == "negative_strides")   # B's columns reversed: its view
+    # One matrix of rows per copy: the repeats copy through the row-copy kernel, into one
+    # scratch buffer. Reversed columns (a view) and a batch of results (vector_b) are copied
+    # as the first call copied them; fp16's operands are read in place.
+    kernel_copies = case in ("odd_sizes_copied", "misaligned_base")
+    copied = [r for r in fastpath._recipes.values() if type(r) is fastpath.Recipe]
+    assert all((r.scratch is not None) == kernel_copies for r in copied)
+    assert (SimulatedLaunch.copies > 0) == kernel_copies
+
+
+def test_repeats_of_calls_routed_to_cupy_skip_planning(simulated_gpu, monkeypatch):
+    """A call api.plan sends to cupy.matmul (here float32) is remembered as that route: its
+    repeats call cupy.matmul without planning; under HOPMM_STRICT a repeat takes the full
+    path, which raises."""
+    planned = _count_plans(monkeypatch)
+    for _ in range(3):
+        a, b = rand((40, 24), np.float32), rand((24, 8), np.float32)
+        np.testing.assert_allclose(hopmm.matmul(a, b), np.matmul(a, b), rtol=1e-6)
+    assert len(planned) == 1 and SimulatedLaunch.launches == 0
+    assert list(fastpath._recipes.values()) == [fastpath.ROUTE]
+    monkeypatch.setenv(api.STRICT_ENV, "1")
+    with pytest.raises(api.FallbackError):
+        hopmm.matmul(a, b)
 
 
 def test_repeat_calls_with_out_take_the_fast_path_unless_out_aliases(simulated_gpu,
@@ -873,8 +921,9 @@ def test_simulated_forced_gemv(simulated_gpu, case):
 def test_gemv_reads_zeroed_row_tails_of_its_copies(simulated_gpu, monkeypatch, schedule):
     """An aligned copy gemv reads has the bytes past each row up to the end of its last
     16-byte vector zeroed, so its masked loads never read uninitialised memory; the rest of the
-    padding, and a tile schedule's copies (TMA reads no byte past a row), stay as they were.
-    On the first call and on repeats (the remembered copies)."""
+    padding stays as it was. On the first call, where a tile schedule's copies (TMA reads no
+    byte past a row) are left alone, and on repeats, whose row-copy kernel writes whole
+    16-byte chunks for every schedule into the repeat's one scratch buffer."""
     made = []
 
     def poisoned_empty(shape, dtype=None):
@@ -886,15 +935,21 @@ def test_gemv_reads_zeroed_row_tails_of_its_copies(simulated_gpu, monkeypatch, s
     monkeypatch.setattr(sys.modules["cupy"], "empty", poisoned_empty)
     hopmm.use_schedule(schedule)
     k = 100   # 200-byte rows: 8 bytes (4 elements) to the next 16-byte boundary
-    for _ in range(2):
+    for repeat in (False, True):
         made.clear()
         a, b = rand((5, k)), rand((k, 64))
         expect(a, b, hopmm.matmul(a, b))
         # A's aligned copy: 5 rows of whole 128-byte lines (the result is stored in place).
-        (copy,) = [x for x in made if x.shape == (1, 5, 128)]
-        bits = copy.view(np.uint16)
+        if repeat:
+            (recipe,) = fastpath._recipes.values()
+            (scratch,) = [x for x in made if x.dtype == np.uint8]
+            at = recipe.scratch.a_at
+            bits = scratch[at:at + 5 * 128 * 2].view(np.uint16).reshape(1, 5, 128)
+        else:
+            (copy,) = [x for x in made if x.shape == (1, 5, 128)]
+            bits = copy.view(np.uint16)
         tails = bits[..., k:k + 4]
-        assert (tails == 0).all() if schedule == "gemv" else (tails == 0xFFFF).all()
+        assert (tails == 0).all() if schedule == "gemv" or repeat else (tails == 0xFFFF).all()
         assert (bits[..., k + 4:] == 0xFFFF).all()
 
 

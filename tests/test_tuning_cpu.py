@@ -140,6 +140,18 @@ def test_split_candidates_where_tiles_leave_sms_idle():
     assert len(labels) == len(set(labels)) and "split_k_cluster 128x128 s5 g4 k8" in labels
 
 
+@pytest.mark.parametrize("shape", [(768, 384, 16448), (1024, 576, 8064), (1088, 256, 17920)])
+def test_candidates_hold_the_heuristics_choice(shape):
+    """Split counts of the heuristic's choice that SPLIT_COUNTS does not list (5 and 3 here,
+    v0.23) are timed too, so autotune never keeps a config slower than the untuned one."""
+    from hopmm import heuristics
+
+    p = Problem(*shape, 1, "bfloat16", "k", "n")
+    own = heuristics.choose(p, H100_SXM)
+    assert own.splits not in tuning.SPLIT_COUNTS
+    assert tuning.label(own) in {tuning.label(c) for c in tuning.candidates(p, H100_SXM)}
+
+
 def test_sustained_finalists_are_the_fastest_of_large_problems():
     medians = {"slow": 3.0, "fast": 1.0, "mid": 2.0, "slower": 4.0}
     big = tuning.SUSTAINED_MIN_FLOPS
