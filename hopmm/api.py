@@ -225,7 +225,9 @@ def _fused_matmul(a, b, out, **keywords):
         return interop.fused_tensors(matmul, a, b, out, keywords)
     p = plan(a, b, out, **keywords)
     ep = p.epilogue
-    if ep.spec == epilogue_mod.PLAIN and ep.alpha == 1.0:  # c with beta = 0 only
+    # No epilogue: keywords equal to the defaults but not them (alpha=1, beta=0.0 made
+    # elsewhere); or nothing to fuse: c with beta = 0 only.
+    if ep is None or (ep.spec == epilogue_mod.PLAIN and ep.alpha == 1.0):
         return matmul(a, b, out)
     if p.path == "cupy.matmul" and fastpath.strict():
         raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "

@@ -233,6 +233,17 @@ def test_beta_zero_ignores_c_and_runs_the_plain_kernel(simulated_gpu):
     assert SimulatedLaunch.last.epilogue_spec is None
 
 
+@pytest.mark.parametrize("keywords", [dict(alpha=1), dict(beta=float("0")),
+                                      dict(alpha=np.float32(1), beta=0, bias=None)])
+def test_default_keywords_given_as_other_objects_run_the_plain_kernel(simulated_gpu, keywords):
+    """alpha and beta equal to the defaults but not the default objects themselves (an int,
+    a float made elsewhere) ask for no epilogue: the plain product (the 10-minute soak of
+    v0.23 found such calls raising AttributeError)."""
+    a, b = rand((64, 64)), rand((64, 64))
+    _close(hopmm.matmul(a, b, **keywords), _reference(a, b))
+    assert SimulatedLaunch.last.epilogue_spec is None
+
+
 def test_other_dtypes_compute_the_chain_with_cupy(simulated_gpu):
     a = fake(np.random.standard_normal((24, 16)).astype(np.float32))
     b = fake(np.random.standard_normal((16, 8)).astype(np.float32))
