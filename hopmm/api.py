@@ -200,7 +200,7 @@ def matmul(a, b, out=None, *, bias=None, activation=None, alpha=_ALPHA_DEFAULT,
             raise FallbackError(f"hopmm.matmul would fall back to cupy.matmul: {p.reason} "
                                 f"(unset {STRICT_ENV} to allow it)")
         result = cupy.matmul(a, b, out=out)
-        if k is not None and p.path == "cupy.matmul":
+        if k is not None:
             fastpath.remember(k, fastpath.ROUTE, chosen_at)
         return result
     with a.device:  # the result lives with the operands, wherever the current device is

@@ -1,7 +1,8 @@
 """hopmm's row-copy kernel (csrc/hopmm/copy_rows.cuh): the aligned copies of a repeated call's
 operands, both in one launch, and the copy of its result out of an aligned buffer. A repeat
-of such a call issued each copy as a cudaMemcpy2DAsync, ~5 us of host time apiece, and the
-call was bound by its host (bench/NOTES.md v0.23); a launch of this kernel takes ~2 us."""
+of such a call issued each copy as a cudaMemcpy2DAsync (5-7 us of host time apiece) into an
+allocation of its own and was bound by its host; with one scratch allocation and this kernel
+its host time fell from ~57 to 18-23 us (bench/NOTES.md v0.23)."""
 from __future__ import annotations
 
 import functools

@@ -87,6 +87,22 @@ def test_raster_groups_m_tiles():
     assert choose(100, 28672, 8192).raster_group == 1
 
 
+@pytest.mark.parametrize("m,n,k", [(2432, 704, 9472), (4480, 256, 2112), (2880, 512, 30400),
+                                   (1920, 256, 20864)])
+def test_one_round_grids_take_groups_of_four(m, n, k):
+    """Every CTA resident at once (tiles x splits <= SMs): groups of 4 M-tiles (v0.23:
+    2432 x 704 x 9472 512 against 433 TFLOP/s with 16); a batch that takes the grid past one
+    round, or a problem of many waves, keeps RASTER_GROUP_M (all M-tiles where fewer)."""
+    c = choose(m, n, k)
+    tiles_m = -(-m // c.config.block_m)
+    assert tiles_m * -(-n // c.config.block_n) * c.splits <= H100_SXM.sm_count
+    assert c.raster_group == heuristics.ONE_ROUND_RASTER_GROUP
+    batched = choose(m, n, k, batch=16)
+    assert batched.raster_group == min(heuristics.RASTER_GROUP_M,
+                                       -(-m // batched.config.block_m))
+    assert choose(4096, 14336, 4096).raster_group == heuristics.RASTER_GROUP_M
+
+
 @pytest.mark.parametrize("schedule", [None, "persistent_overlap"])
 def test_overlap_schedule_takes_the_common_raster_group(schedule):
     c = choose(8192, 8192, 1024, schedule=schedule)
