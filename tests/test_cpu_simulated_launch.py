@@ -179,7 +179,8 @@ class SimulatedLaunch:
         self.pointers = pointers
         self.function = function
         if _KERNEL_NAMES.get(row_copy.KERNEL_NAME) == function:
-            assert not map_templates and pointers == row_copy.POINTERS and block_x == 256
+            assert not map_templates and pointers == row_copy.POINTERS
+            assert block_x == row_copy.THREADS
             self.copy_ints = tuple(ints)
             return
         if not map_templates:   # gemv: raw pointers and launch._gemv_ints
@@ -285,8 +286,8 @@ class SimulatedLaunch:
             src, dst = pointers[2 * job], pointers[2 * job + 1]
             rows, width, src_pitch, dst_pitch, pad = self.copy_ints[n * job:n * job + n]
             assert src and dst and width <= min(src_pitch, dst_pitch)
-            padded = pad and dst % 16 == 0 and dst_pitch % 8 == 0
-            written = -(-width // 8) * 8 if padded else width
+            padded = pad and dst % 16 == 0 and dst_pitch % row_copy.CHUNK == 0
+            written = -(-width // row_copy.CHUNK) * row_copy.CHUNK if padded else width
             for row in range(rows):
                 ctypes.memmove(dst + 2 * row * dst_pitch, src + 2 * row * src_pitch, 2 * width)
                 ctypes.memset(dst + 2 * (row * dst_pitch + width), 0, 2 * (written - width))
