@@ -278,7 +278,8 @@ class RouteRecipe:
     """A plain call that api.plan sent to cupy.matmul (a dtype or device hopmm's kernels do
     not take, or heuristics.copy_route_reason): a repeat calls cupy.matmul straight away,
     since planning such a call costs more host time than a small product takes on the GPU.
-    Under HOPMM_STRICT a repeat takes the full path, which raises."""
+    Under HOPMM_STRICT a repeat takes the full path (which raises, or for a call routed for
+    its copies' cost runs hopmm's kernels)."""
 
     def run(self, a, b, out):
         if strict():

@@ -506,10 +506,10 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
 
 
 def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
-                 rival_us: float | None = None) -> Choice | None:
-    """gemv where forced, or where its model beats `rival_us` (the split-K model's estimate of
-    the choice it would make; None: no rival estimate, gemv is taken within GEMV_MAX_M).
-    Problems of more than GEMV_MAX_M rows and fewer columns than rows run transposed (C^T =
+                 rival: tuple[float, str] | None = None) -> Choice | None:
+    """gemv where forced, or where its model beats `rival` (_tile_rival: the estimate of the
+    tile kernels' choice, and what it is; None: no rival estimate, gemv is taken within
+    GEMV_MAX_M). Problems of more than GEMV_MAX_M rows and fewer columns than rows run transposed (C^T =
     B^T A^T: A is streamed)."""
     trans_c = problem.m > GEMV_MAX_M and problem.n < problem.m
     if not forced and min(problem.m, problem.n) > GEMV_MAX_M:
@@ -528,7 +528,7 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
         splits = gemv_splits(problem, cfg, device)
         options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits))
     estimate, _, cfg, splits = min(options)
-    if not forced and rival_us is not None and estimate >= rival_us:
+    if not forced and rival is not None and estimate >= rival[0]:
         return None
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
     streamed = "A streamed once as C^T = B^T A^T" if trans_c else "B streamed once"
@@ -538,7 +538,7 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
            f"{cfg.max_rows} x {splits} K split(s)"
            + (" added up in split order by each tile's last CTA" if splits > 1 else "")
            + f"; predicted {estimate:.1f} us"
-           + (f" against split_k_parallel's {rival_us:.1f}" if rival_us is not None else "")
+           + (f" against {rival[1]} {rival[0]:.1f}" if rival is not None else "")
            + (" (forced)" if forced else ""))
     return Choice(GemvSchedule, cfg, why, 1, splits)
 
@@ -550,14 +550,21 @@ def _single_row_tail(kp: Problem) -> bool:
     return not kp.trans_b and kp.n == 1 and kp.k % GEMV_VEC != 0
 
 
-def _split_k_parallel_estimate(problem: Problem, device: DeviceInfo) -> float | None:
-    """split_k_parallel's model estimate of its best config and split count, or None."""
-    estimates = []
+def _tile_rival(problem: Problem, device: DeviceInfo) -> tuple[float, str] | None:
+    """(us, what) gemv is weighed against: split_k_parallel's model estimate of the config and
+    split count it would take; where that is one split, the persistent tiles run the problem
+    (_split_k_choice), rated at that unsplit estimate, which they beat (bench/NOTES.md v0.23).
+    None where there is no estimate."""
+    picks = []   # as _split_k_choice weighs them
     for cfg in split_configs(SplitKParallelSchedule, problem, device):
-        est = _split_estimates(SplitKParallelSchedule, problem, cfg, device, False)
-        if est:
-            estimates.append(min(est.values()))
-    return min(estimates) if estimates else None
+        splits, us = _best_split(SplitKParallelSchedule, problem, cfg, device, False)
+        if us is not None:
+            picks.append((us, splits))
+    if not picks:
+        return None
+    us, splits = min(picks)
+    return us, ("split_k_parallel's" if splits > 1 else
+                "the persistent tiles' (rated at the unsplit 64-row tile's)")
 
 
 @functools.lru_cache(maxsize=4096)
@@ -577,7 +584,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         return _gemv_choice(problem, device, forced=True)
     if schedule is None and not epilogue and min(problem.m, problem.n) <= GEMV_MAX_M:
         gemv = _gemv_choice(problem, device, forced=False,
-                            rival_us=_split_k_parallel_estimate(problem, device))
+                            rival=_tile_rival(problem, device))
         if gemv is not None:
             return gemv
     split_k_names = [s.name for s in SPLIT_K_SCHEDULES]

@@ -31,7 +31,7 @@ from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, GemvSchedule, SplitKParal
 from .timing import interleaved_medians, sustained_medians
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
-# 16 is the heuristic's group (heuristics.RASTER_GROUP_M); the others are the alternatives timed.
+# The heuristic's groups (heuristics.RASTER_GROUP_M, ONE_ROUND_RASTER_GROUP) and alternatives.
 RASTER_GROUPS = (4, 8, 16, 32)
 # The fastest candidates in the interleaved timings are timed again alone
 # (timing.sustained_medians) where a problem runs at the power limit (at least 2 x 2048³
@@ -253,7 +253,10 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     out += gemv_candidates(problem, device)
     # The heuristic's own choice, whose split count or group may be none of those above: a
     # table entry then never holds a config slower than what matmul runs untuned.
-    own = heuristics.choose(problem, device)
+    try:
+        own = heuristics.choose(problem, device)
+    except RuntimeError:   # no tile of the heuristic's fits this device: nothing to add
+        return out
     if label(own) not in {label(c) for c in out}:
         out.append(replace(own, reason="autotune candidate"))
     return out

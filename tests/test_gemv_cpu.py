@@ -287,3 +287,18 @@ def test_model_terms():
 
 def test_max_rows_steps_cover_the_heuristic_limit():
     assert GEMV_MAX_ROWS[-1] >= heuristics.GEMV_MAX_M
+
+
+@pytest.mark.parametrize("m,n,k,b_major,instead", [
+    (16, 28672, 8192, "k", "persistent"), (1, 8192, 8192, "k", "split_k_parallel"),
+    (16, 8192, 8192, "k", "split_k_parallel"), (4, 8192, 8192, "n", "split_k_parallel")])
+def test_gemv_is_weighed_against_what_would_run_instead(m, n, k, b_major, instead):
+    """gemv's rival is the tile kernels' choice for the same problem (the one a fused call,
+    which gemv cannot take, gets): split_k_parallel where its 64-row tiles split, else the
+    persistent tiles (v0.23), and gemv's reason names that one."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule.name == "gemv"
+    assert heuristics.choose(p, H100_SXM, epilogue=True).schedule.name == instead
+    rival = "split_k_parallel's" if instead == "split_k_parallel" else "the persistent tiles'"
+    assert f"against {rival}" in c.reason

@@ -28,7 +28,8 @@ __device__ __forceinline__ bool rows_on_16_bytes(const void* base, int pitch) {
 }
 
 __device__ __forceinline__ void copy_rows(const RowCopy& job) {
-    const long long chunks_per_row = (job.width + kCopyChunk - 1) / kCopyChunk;
+    const long long chunks_per_row = (static_cast<long long>(job.width) + kCopyChunk - 1) /
+                                     kCopyChunk;
     const long long chunks = chunks_per_row * job.rows;
     const bool src_vector = rows_on_16_bytes(job.src, job.src_pitch);
     const bool dst_vector = rows_on_16_bytes(job.dst, job.dst_pitch);
