@@ -121,8 +121,7 @@ class ScratchCopies:
                 pointers += [b_ptr + self.b_src, b_read]
             self.copy_in.launch(stream, *pointers, *[0] * (row_copy.POINTERS - len(pointers)))
         c_ptr = result_ptr if self.c_at is None else base + self.c_at
-        for kernel_launch in launches:
-            kernel_launch.launch(stream, a_read, b_read, c_ptr, *epilogue_ptrs)
+        launch.launch_all(launches, a_read, b_read, c_ptr, *epilogue_ptrs, stream=stream)
         if self.copy_out is not None:
             self.copy_out.launch(stream, c_ptr, result_ptr, 0, 0)
 

@@ -386,11 +386,13 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     return launches
 
 
-def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int, *epilogue_ptrs) -> None:
-    """Every launch on the current stream; `epilogue_ptrs`: the second B and C of the
-    shared-A kernels, then (bias, c) for fused kernels."""
-    import cupy
+def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int, *epilogue_ptrs,
+               stream: int | None = None) -> None:
+    """Every launch on `stream` (default: the current one); `epilogue_ptrs`: the second B and
+    C of the shared-A kernels, then (bias, c) for fused kernels."""
+    if stream is None:
+        import cupy
 
-    stream = cupy.cuda.get_current_stream().ptr
+        stream = cupy.cuda.get_current_stream().ptr
     for kernel_launch in launches:
         kernel_launch.launch(stream, a_ptr, b_ptr, c_ptr, *epilogue_ptrs)

@@ -58,18 +58,24 @@ def compiled() -> compiler.CompiledKernel:
     return compiler.compile_kernel(rendered())
 
 
+def loaded(device_id: int):
+    """The kernel loaded on `device_id` (launch.loaded_kernel: once per device)."""
+    from . import launch
+
+    kernel = compiled()
+    return launch.loaded_kernel(str(kernel.cubin_path), kernel.name, 0, device_id)
+
+
 def launcher(jobs: list[RowJob], device_id: int, sm_count: int):
     """A KernelLaunch of the copy kernel doing `jobs` (one or two), launched as
     launch(stream, src0, dst0, src1, dst1) with byte addresses (0 for a missing second
     job); None where a job does not fit the kernel's arguments."""
-    from . import launch
     from ._tensormap import KernelLaunch
 
     if not 1 <= len(jobs) <= MAX_JOBS or not all(job.fits() for job in jobs):
         return None
-    kernel = compiled()
-    loaded = launch.loaded_kernel(str(kernel.cubin_path), kernel.name, 0, device_id)
+    kernel = loaded(device_id).kernel
     ints = [int(v) for job in jobs for v in job] + [0] * (JOB_INTS * (MAX_JOBS - len(jobs)))
     blocks = min(max(-(-job.chunks // THREADS) for job in jobs), sm_count * BLOCKS_PER_SM)
-    return KernelLaunch(loaded.kernel.ptr, (max(blocks, 1), len(jobs), 1), THREADS, 0, [],
+    return KernelLaunch(kernel.ptr, (max(blocks, 1), len(jobs), 1), THREADS, 0, [],
                         ints, pointers=POINTERS)

@@ -19,7 +19,6 @@ Every argument is validated, for every B, before anything is launched.
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass, replace
 
 from . import api, device as device_mod, epilogue as epilogue_mod, fastpath, heuristics
@@ -57,7 +56,7 @@ def _plan_key(a, b, bias, activation):
                                             beta=0.0, c=None))
     if k is None:
         return None
-    return k, api._schedule_override, os.environ.get(api.STRICT_ENV, "")
+    return k, api._schedule_override, fastpath.strict()
 
 
 def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _Checked:
