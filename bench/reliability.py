@@ -42,6 +42,7 @@ import glob
 import json
 import os
 import random
+import re
 import resource
 import shutil
 import subprocess
@@ -75,6 +76,7 @@ SANITIZER_PRINT_LIMIT = 20    # errors printed per run: the first ones say what 
 # plainly. Not under initcheck: it must see the kernels that write hopmm's operands, or it
 # would take every read of them for a read of uninitialised memory.
 HOPMM_KERNELS = "kns=hopmm"
+HOPMM_KERNEL_PREFIX = "hopmm_"   # every kernel hopmm renders is named so
 FILTERED_TOOLS = ("memcheck", "racecheck", "synccheck")
 # The sanitizer's own lines start with this; its error reports hold one of these words.
 SANITIZER_PREFIX = "========="
@@ -131,10 +133,42 @@ KNOWN_BLIND_SPOT = ("initcheck does not see TMA stores into the split-K workspac
                     "(test_workspace_is_written_before_it_is_read checks the order)")
 
 
+# The same blind spot on results: memory a kernel wrote only by TMA stores, and nothing else
+# before, is reported as uninitialised when CuPy reads it (the driver's checks); on memory the
+# pool had handed out and something else had written before, it is not. Shown on the plain
+# persistent kernel into unpooled memory (NOTES v0.24); that every element of a result is
+# written is shown by the GPU tests' NaN-poisoned outputs instead.
+KNOWN_TMA_RESULT = ("initcheck does not see TMA stores into fresh memory: the reports are "
+                    "other kernels' reads of a result hopmm stored by TMA (NaN-poisoned "
+                    "GPU tests check it is wholly written)")
+# A report's kernel: the line after the report, "=========     at <function>+<offset>".
+_REPORT_AT = re.compile(r"^=========\s+at\s+(\S+?)(\+0x[0-9a-f]+)?\s*$")
+
+
 def known_blind_spot(tool: str, schedule: str, detail: str) -> bool:
-    """Whether a failed sanitizer run is the one blind spot above and nothing else."""
+    """Whether a failed sanitizer run is the workspace's blind spot above and nothing else."""
     return (tool == "initcheck" and schedule in WORKSPACE_SCHEDULES
             and UNINITIALISED_READ in detail and "Invalid" not in detail)
+
+
+def reads_of_tma_results_only(tool: str, output: str) -> bool:
+    """Whether every error an initcheck run printed is an uninitialised read by a kernel
+    that is not hopmm's (KNOWN_TMA_RESULT), and there was at least one."""
+    if tool != "initcheck":
+        return False
+    lines = output.splitlines()
+    reports = [i for i, line in enumerate(lines) if line.startswith(SANITIZER_PREFIX)
+               and any(word in line for word in SANITIZER_ERROR_WORDS)
+               and "ERROR SUMMARY" not in line]
+    if not reports:
+        return False
+    for i in reports:
+        if UNINITIALISED_READ not in lines[i] or i + 1 >= len(lines):
+            return False
+        at = _REPORT_AT.match(lines[i + 1])
+        if at is None or at.group(1).startswith(HOPMM_KERNEL_PREFIX):
+            return False
+    return True
 
 
 PROCESSES = 8
@@ -441,15 +475,21 @@ def sanitize(args, results: list) -> None:
     def run(job):
         tool, schedule, shapes = job
         start = time.time()
+        rc, output = None, ""
         try:
             done = subprocess.run(sanitizer_command(sanitizer, tool, schedule, shapes),
                                   capture_output=True, text=True, env=child_env(),
                                   timeout=SANITIZER_TIMEOUT_S)
-            status, detail = judge_sanitizer_run(done.returncode, done.stdout + done.stderr)
+            rc, output = done.returncode, done.stdout + done.stderr
+            status, detail = judge_sanitizer_run(rc, output)
         except subprocess.TimeoutExpired:
             status, detail = "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
         if status == "FAIL" and known_blind_spot(tool, schedule, detail):
             status, detail = "known", f"{KNOWN_BLIND_SPOT}; {detail}"
+        elif (status == "FAIL" and rc == SANITIZER_ERROR_EXIT
+              and reads_of_tma_results_only(tool, output)
+              and not (driver_summary(output) or {"failures": 1})["failures"]):
+            status, detail = "known", f"{KNOWN_TMA_RESULT}; {detail}"
         # A run of one shape (SHAPE_BY_SHAPE_TOOLS) is named by it.
         name = f"{tool} {schedule}" + (f" {shapes[0]}" if len(shapes) == 1 else "")
         return Result("sanitize", name, status, f"{len(shapes)} shapes: {detail}",

@@ -349,6 +349,12 @@ class KernelLaunch {
             throw py::value_error("at most " + std::to_string(kMaxMaps) + " tensor maps");
         }
         for (size_t i = 0; i < n_maps_; ++i) {
+            // None: the parameter carries only the base address, in its first 8 bytes (an
+            // output a kernel stores without TMA, launch.ADDRESS_SLOT).
+            if (map_templates[i].is_none()) {
+                address_only_[i] = true;
+                continue;
+            }
             // (data_type, dims, strides_bytes, box, swizzle, l2_promotion, oob_fill)
             const py::sequence t = map_templates[i].cast<py::sequence>();
             if (t.size() != 7) throw py::value_error("a map template has 7 fields");
@@ -443,6 +449,11 @@ class KernelLaunch {
     // oldest entry replaced). Every launch runs holding the GIL (pybind11 keeps it through the
     // calls from Python), which serialises every access to the cache.
     void map_at(size_t i, uint64_t address, CUtensorMap* out) const {
+        if (address_only_[i]) {
+            std::memset(out, 0, kTensorMapBytes);
+            std::memcpy(out, &address, sizeof(address));
+            return;
+        }
         for (const CachedMap& c : cache_[i]) {
             if (c.valid && c.address == address) {
                 std::memcpy(out, c.bytes, kTensorMapBytes);
@@ -468,6 +479,7 @@ class KernelLaunch {
     bool programmatic_;
     size_t n_maps_ = 0;
     std::array<TiledArgs, kMaxMaps> templates_{};
+    std::array<bool, kMaxMaps> address_only_{};
     size_t n_ints_ = 0;
     std::array<int32_t, kMaxInts> ints_{};
     mutable std::array<std::array<CachedMap, kCachedAddresses>, kMaxMaps> cache_{};

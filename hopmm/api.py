@@ -140,16 +140,49 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes) -> str | None:
         x2 = _as_matrix_stack(x, is_vector, axis)
         if layout.tma_major(x2.shape[-2:], x2.strides[-2:], x.itemsize, x.data.ptr) is None:
             copied += x.nbytes
-    # The result goes through an aligned buffer where _run_kernel cannot store it directly.
-    n_bytes = shapes.n * a.itemsize
-    if out is None:
-        direct = n_bytes % layout.TMA_ALIGN == 0
-    else:
-        direct = out.flags.c_contiguous and layout.store_ok(
-            (shapes.m, shapes.n), (n_bytes, a.itemsize), a.itemsize, out.data.ptr)
-    if not direct:
-        copied += shapes.batch * shapes.m * n_bytes
+    # The result goes through an aligned buffer where _run_kernel can store it neither through
+    # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
+    if _output_store(out, shapes, a.itemsize) == "copy":
+        copied += shapes.batch * shapes.m * shapes.n * a.itemsize
     return heuristics.copy_route_reason(shapes.m, shapes.n, shapes.k, shapes.batch, copied)
+
+
+def _output_store(result, shapes: layout.MatmulShapes, itemsize: int,
+                  overlapping: bool = False) -> str:
+    """How a kernel writes the (batch, m, n) result (None: a new C-contiguous array): "tma"
+    (TMA stores in place), "rows" (in place by a row-store kernel: rows not 16-byte aligned)
+    or "copy" (an aligned buffer, then a copy into the result: an out that overlaps the
+    operands or whose layout neither can write)."""
+    shape3 = (shapes.batch, shapes.m, shapes.n)
+    if result is None:
+        strides3 = (shapes.m * shapes.n * itemsize, shapes.n * itemsize, itemsize)
+        address, contiguous = 0, True
+    else:
+        if overlapping:
+            return "copy"
+        contiguous = result.flags.c_contiguous
+        address = result.data.ptr
+        if contiguous:
+            strides3 = (shapes.m * shapes.n * itemsize, shapes.n * itemsize, itemsize)
+        elif result.ndim == 2:
+            strides3 = (0,) + tuple(result.strides)
+        else:
+            return "copy"
+    if contiguous and layout.store_ok(shape3[1:], strides3[1:], itemsize, address):
+        return "tma"
+    if layout.row_store_strides(shape3, strides3, itemsize) is not None:
+        return "rows"
+    return "copy"
+
+
+def _store_note(store: str, config) -> str:
+    """How the kernel writes the result (explain), from _output_store and the config."""
+    if store == "tma":
+        return "TMA stores into the result"
+    if store == "rows" and getattr(config, "row_store", False):
+        return ("the epilogue stores the rows itself (they are not 16-byte aligned, which TMA "
+                "stores need)")
+    return "through an aligned buffer, then copied into the result"
 
 
 def _too_large_reason(shapes: layout.MatmulShapes) -> str | None:
@@ -260,10 +293,13 @@ def _fused_cupy(p: Plan, a, b, out):
         return out
 
 
-def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None) -> KernelCall:
+def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
+                 row_store: bool = False) -> KernelCall:
     """The operands as the kernel reads them (operands.kernel_operands) and the schedule,
     decided on exactly those; `spec`, a fused epilogue's, goes into the chosen config (it
-    does not change the choice, except that gemv takes no epilogue)."""
+    does not change the choice, except that gemv takes no epilogue); `row_store`: the
+    result's rows are not 16-byte aligned, and a config that can store them itself
+    (row_store_fits) does so."""
     ops = operands.kernel_operands(a, b, shapes)
     dev = device_mod.query(a.device.id)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
@@ -277,6 +313,10 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None) -> KernelCall:
                                    epilogue_reads=reads))
     if fused:
         choice = replace(choice, config=replace(choice.config, epilogue=spec))
+    if row_store and choice.schedule.row_store_ok:
+        stored = replace(choice.config, row_store=True)
+        if choice.schedule.row_store_fits(stored):
+            choice = replace(choice, config=stored)
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 
 
@@ -284,8 +324,9 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     s = p.shapes
     chosen_at = fastpath.generation
     ep = p.epilogue
-    call = _kernel_call(a, b, s, None if ep is None else ep.spec)
     overlapping = user_out and (_overlap(result, a) or _overlap(result, b))
+    store = _output_store(result, s, result.itemsize, overlapping)
+    call = _kernel_call(a, b, s, None if ep is None else ep.spec, row_store=store == "rows")
     epilogue_ptrs = ()
     repeatable = True
     if ep is not None:
@@ -295,13 +336,11 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
         ep = ep.readable(result if user_out else None)
         repeatable = repeatable and not ep.c_copied
         epilogue_ptrs = ep.pointers()
-    direct = (result.flags.c_contiguous
-              and layout.store_ok((s.m, s.n), (s.n * result.itemsize, result.itemsize),
-                                  result.itemsize, result.data.ptr)
-              and not overlapping)
+    direct = store == "tma" or (store == "rows"
+                                and getattr(call.choice.config, "row_store", False))
     c_buffer = None if direct else (s.batch, s.m, s.n, layout.padded(s.n, result.itemsize))
-    if direct:
-        c3 = result.reshape(s.batch, s.m, s.n)
+    if direct:  # the result itself (a 2-D out of any row stride for a row store)
+        c3 = result.reshape(s.batch, s.m, s.n) if result.flags.c_contiguous else result[None]
     else:  # an aligned buffer, then one copy into the result (strided, overlapping, odd n)
         c3 = launch.padded_empty(*c_buffer, result.dtype)
     launches = launch.build_launches(call.choice, call.problem, call.a3, call.a_map, call.b3,
@@ -361,14 +400,18 @@ def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
                if ep.c is not None else []))
         lines.append(f"epilogue: {ep.spec.describe()} ({operands}); {where}")
     if p.path == "kernel":
+        overlapping = out is not None and (_overlap(out, a) or _overlap(out, b))
+        store = _output_store(out, s, a.itemsize, overlapping)
         with a.device:
-            call = _kernel_call(a, b, p.shapes, None if ep is None else ep.spec)
+            call = _kernel_call(a, b, p.shapes, None if ep is None else ep.spec,
+                                row_store=store == "rows")
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
         grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count,
                                c.splits)
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
+                  f"output: {_store_note(store, c.config)}",
                   f"schedule: {c.schedule.name}",
                   f"consumers: {c.schedule.consumer_roles(c.config)}",
                   f"kernel: {c.schedule.kernel_name(c.config)}",

@@ -20,10 +20,28 @@ POINTER_PARAMS = "\n               const void* epilogue_bias, const void* epilog
 SCALAR_PARAMS = (",\n               int epilogue_m, int epilogue_n, int bias_row_stride, "
                  "int bias_col_stride,\n               int c_row_stride, int c_col_stride, "
                  "int c_batch_stride, float alpha, float beta")
-CALL_ARGS = (",\n        hopmm::EpilogueArgs{epilogue_bias, epilogue_c, epilogue_m, epilogue_n, "
-             "bias_row_stride,\n                            bias_col_stride, c_row_stride, "
-             "c_col_stride, c_batch_stride, alpha, beta}")
+_CHAIN_ARGS = ("epilogue_bias, epilogue_c, epilogue_m, epilogue_n, bias_row_stride,\n"
+               "                            bias_col_stride, c_row_stride, c_col_stride, "
+               "c_batch_stride, alpha, beta")
+# A chain that applies nothing (alpha 1, beta 0) over the row store's extent.
+_NO_CHAIN_ARGS = "nullptr, nullptr, out_m, out_n, 0, 0, 0, 0, 0, 1.0f, 0.0f"
 POINTERS = 2
+# A kernel that stores its output rows without TMA (KernelConfig.row_store) takes, after the
+# raster's scalars, the output's extent and its row and batch strides in elements; its address
+# comes in C's map parameter (launch.ADDRESS_SLOT).
+ROW_STORE_PARAMS = (",\n               int out_m, int out_n, int out_row_stride, "
+                    "int out_batch_stride")
+_ROW_STORE_ARGS = ", hopmm::address_in_map_slot(&map_c), out_row_stride, out_batch_stride"
+
+
+def call_args(fused: bool, row_store: bool) -> str:
+    """The kernel entry's EpilogueArgs argument to its skeleton ("" for a plain kernel that
+    stores through TMA: the skeleton's default)."""
+    if not (fused or row_store):
+        return ""
+    chain = _CHAIN_ARGS if fused else _NO_CHAIN_ARGS
+    store = _ROW_STORE_ARGS if row_store else ""
+    return f",\n        hopmm::EpilogueArgs{{{chain}{store}}}"
 # The dtypes the CuPy path computes an epilogue for (in float32, or float64 for float64).
 FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
 

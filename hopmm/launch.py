@@ -198,6 +198,21 @@ def matrix_spec(x3, major: str, box_rows: int) -> tma.TensorMapSpec:
                              box=(TMA_BOX_ELEMS, box_rows, 1))
 
 
+# A map template (KernelLaunch) whose parameter carries only the base address, in its first
+# 8 bytes: the output of a row-store kernel (KernelConfig.row_store), which no TMA store writes.
+ADDRESS_SLOT = None
+
+
+def row_store_strides(c3) -> tuple[int, int]:
+    """(row, batch) strides in elements of a (batch, rows, cols) result a row-store kernel
+    writes (layout.row_store_strides); ValueError where it cannot."""
+    strides = layout.row_store_strides(c3.shape, c3.strides, c3.itemsize)
+    if strides is None:
+        raise ValueError(f"a row store cannot write a result of shape {c3.shape} and strides "
+                         f"{c3.strides}")
+    return strides
+
+
 def workspace_spec(shape: tuple[int, int, int]) -> tma.TensorMapSpec:
     """Tensor map of split-K's fp32 workspace (slots, rows, columns), row-major and dense; the
     address is filled in at launch (the workspace of the launching stream)."""
@@ -330,7 +345,8 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
                    b_map: BatchMapping, c3, epilogue=None) -> list:
     """Launches computing C3 = A3 @ B3 over the broadcast batch (one per chunk of at most
     65535 batches). A3/B3 are TMA-readable (prepare_operand) in the layout `problem` names;
-    C3 is row-major and TMA-storable (layout.store_ok). Each launch takes the base addresses
+    C3 is row-major and TMA-storable (layout.store_ok), or, for a row-store config, rows of
+    any element stride (layout.row_store_strides). Each launch takes the base addresses
     of A3, B3 and C3, so it can be repeated on other arrays of the same shape and strides.
     A config with a fused epilogue (`epilogue`: the call's epilogue.FusedEpilogue) also takes
     its scalars, fixed here, and the bias and c pointers after the addresses at each launch
@@ -352,8 +368,13 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
               else matrix_spec(a3, "cols", a_rows))
     spec_b = (matrix_spec(b3, "cols", cfg.block_k) if cfg.trans_b
               else matrix_spec(b3, "rows", b_rows))
-    spec_c = matrix_spec(c3, "cols", sched.c_box_rows)
-    templates = [_map_template(spec) for spec in (spec_a, spec_b, spec_c)]
+    templates = [_map_template(spec) for spec in (spec_a, spec_b)]
+    if cfg.row_store:  # C's parameter carries its address only: the kernel stores by rows
+        templates.append(ADDRESS_SLOT)
+        row_store_ints = (problem.m, problem.n, *row_store_strides(c3))
+    else:
+        templates.append(_map_template(matrix_spec(c3, "cols", sched.c_box_rows)))
+        row_store_ints = ()
     if sched.b_operands == 2:
         # The second B (and the second C of a pair of outputs) has the shape and strides of
         # the first: the same maps at other addresses, given after C's at each launch.
@@ -364,7 +385,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     launches = []
     for z0, count in layout.batch_chunks(problem.batch):
         ints = (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
-                tiles_n, choice.raster_group)
+                tiles_n, choice.raster_group) + row_store_ints
         if cfg.epilogue is not None:
             ints += epilogue.scalars(problem.m, problem.n)
         grid = sched.grid(problem, cfg, count, sm_count, choice.splits)

@@ -113,6 +113,27 @@ def store_ok(shape2: tuple, strides2: tuple, itemsize: int, address: int) -> boo
             and (cols * itemsize) % TMA_ALIGN == 0)
 
 
+def row_store_strides(shape3: tuple, strides3: tuple, itemsize: int) -> tuple | None:
+    """(row, batch) strides in elements of a (batch, rows, cols) result that a row-store
+    kernel (KernelConfig.row_store) can write in place: unit column stride, rows and batch
+    slices apart by whole elements within the kernel's 32-bit arguments; None otherwise."""
+    batch, rows, cols = shape3
+    sb, sr, sc = strides3
+    if cols > 1 and sc != itemsize:
+        return None
+    strides = []
+    span = cols * itemsize  # bytes of one row: rows and slices must not overlap
+    for stride, extent in ((sr, rows), (sb, batch)):
+        if extent == 1:
+            strides.append(0)  # never stepped over
+        elif stride < span or stride % itemsize or stride // itemsize > MAX_EXTENT:
+            return None
+        else:
+            strides.append(stride // itemsize)
+        span = stride * (extent - 1) + span
+    return tuple(strides)
+
+
 def padded(cols: int, itemsize: int, align: int = TMA_ALIGN) -> int:
     """Columns of a row whose byte length is rounded up to `align` bytes (by default the TMA
     alignment)."""

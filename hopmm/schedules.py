@@ -71,6 +71,10 @@ class KernelConfig:
     a_rows: int | None = None
     # The fused epilogue chain (None: a plain kernel, its name and source as without one).
     epilogue: EpilogueSpec | None = None
+    # Whether the epilogue stores the output's rows itself (element stores from the staged
+    # boxes) instead of through TMA: for outputs whose rows are not 16-byte aligned, which TMA
+    # cannot store (epilogue_tma_store.cuh). Schedules with `row_store_ok` only.
+    row_store: bool = False
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -103,8 +107,9 @@ class KernelConfig:
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
         trim = "" if self.a_rows is None else f"_a{self.a_rows}"
         fused = "" if self.epilogue is None else self.epilogue.tag
+        rows = "_rs" if self.row_store else ""
         return (f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}"
-                f"_c{self.c_buffers}{trim}{fused}_{layout}")
+                f"_c{self.c_buffers}{trim}{fused}{rows}_{layout}")
 
 
 class WarpSpecializedSchedule:
@@ -155,6 +160,9 @@ class WarpSpecializedSchedule:
     fragment_epilogue = True
     # B tiles per stage: 2 where two products share A (SharedASchedule).
     b_operands = 1
+    # Whether the kernel can store its output rows itself (KernelConfig.row_store): the
+    # epilogues of whole tiles (TmaStoreEpilogue) with one output.
+    row_store_ok = True
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -214,9 +222,21 @@ class WarpSpecializedSchedule:
             shapes = ", ".join(f"{m}x{n}" for m, n in cls.tile_shapes())
             raise ValueError(f"{cls.name}: the tile must be one of {shapes}, got "
                              f"{cfg.block_m}x{cfg.block_n}")
+        if cfg.row_store and not cls.row_store_fits(cfg):
+            raise ValueError(f"{cls.name}: no row_store for {cfg.tag} (its epilogue stores "
+                             f"through TMA only, or has no registers for both)")
         if cfg.c_buffers > cls.c_boxes(cfg):
             raise ValueError(f"{cls.name}: at most {cls.c_boxes(cfg)} epilogue staging boxes "
                              f"per consumer (its part of the tile), got {cfg.c_buffers}")
+
+    @classmethod
+    def row_store_fits(cls, cfg: KernelConfig) -> bool:
+        """Whether `cfg` can store its output by rows (KernelConfig.row_store): where the
+        schedule offers it, and in a kernel of two accumulator sets only where they leave
+        registers to spare (two 64 x 192 sets spilled with it, NOTES v0.24; such a call's
+        result goes through an aligned buffer, in a long main loop that hides the copy)."""
+        return cls.row_store_ok and (cls.accumulator_sets == 1
+                                     or cls.epilogue_fetches_boxes(cfg))
 
     @staticmethod
     def box_rows(cfg: KernelConfig) -> tuple[int, int]:
@@ -291,7 +311,7 @@ class WarpSpecializedSchedule:
             "kEpilogueFetchesBoxes": cls.epilogue_fetches_boxes(cfg),
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
             "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
-            "kBOperands": cls.b_operands,
+            "kBOperands": cls.b_operands, "kRowStore": cfg.row_store,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
             **EpilogueSpec.config_fields(cfg.epilogue),
             **cls.own_config_fields(),
@@ -303,7 +323,10 @@ class WarpSpecializedSchedule:
                                          EXTRA_ARGS=cls.extra_args,
                                          EPILOGUE_PARAMS=epilogue_mod.POINTER_PARAMS * fused,
                                          EPILOGUE_SCALARS=epilogue_mod.SCALAR_PARAMS * fused,
-                                         EPILOGUE_ARGS=epilogue_mod.CALL_ARGS * fused))
+                                         ROW_STORE_SCALARS=(epilogue_mod.ROW_STORE_PARAMS
+                                                            * cfg.row_store),
+                                         EPILOGUE_ARGS=epilogue_mod.call_args(fused,
+                                                                              cfg.row_store)))
 
     @classmethod
     def own_config_fields(cls) -> dict:
@@ -520,6 +543,7 @@ class SplitKSchedule(WarpSpecializedSchedule):
                  EPILOGUE="hopmm::SplitKEpilogue")
     split_k = True
     workspace = True
+    row_store_ok = False   # the last split's store and the reductions' go through TMA
     # Few tiles is the point of split-K: 128-wide tiles, and the fp32 partial (128 x 128 x 4 =
     # 64 KB) still leaves 5 stages next to the operand ring.
     block_ns = (128,)
@@ -710,6 +734,7 @@ class SharedASchedule(PersistentSchedule):
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::dual_b_gemm",
                  CONSUMER="hopmm::DualBWgmmaConsumer")
     b_operands = 2
+    row_store_ok = False   # its outputs are whole 16-byte rows (shared_a._one_kernel)
     accumulator_sets = 2
     # Two 64 x 192 sets (192 registers) leave a consumer too few for its epilogue.
     block_ns = (128,)
@@ -906,6 +931,7 @@ class GemvSchedule:
     no tensor maps, its own kernel signature (gemv_entry.cu.in) and launch (GemvLaunch)."""
 
     name = "gemv"
+    row_store_ok = False   # odd rows go through an aligned buffer (no row-store config)
     skeleton = "kernel_gemv.cuh"
     # Rows are read in whole 16-byte vectors, masked past K: an aligned copy's row tails are
     # zeroed for it (launch.zero_row_tails).

@@ -48,10 +48,14 @@ def tile_shape(tile) -> tuple[int, int]:
     return tile if isinstance(tile, tuple) else (BLOCK_M, tile)
 
 
-def run(a, b, schedule, tile, group=16):
+def run(a, b, schedule, tile, group=16, row_pitch=None):
     """C = A @ B on one forced schedule, tile and raster group, stored into a NaN-poisoned
     buffer with spare rows below each slice and padding right of each row. Returns (the
-    result view, the whole buffer)."""
+    result view, the whole buffer). With `row_pitch` (elements, any), the kernel is the
+    row-store config (KernelConfig.row_store) and the buffer's rows lie that far apart,
+    starting one element into the buffer (so no row need start on 16 bytes)."""
+    from dataclasses import replace
+
     import cupy
 
     from hopmm import api, launch, layout
@@ -66,10 +70,16 @@ def run(a, b, schedule, tile, group=16):
     block_m, block_n = tile_shape(tile)
     cfg = sched.deepest(p.dtype, block_n, p.trans_a, p.trans_b,
                         query(cupy.cuda.Device().id).smem_per_block_optin, block_m)
+    if row_pitch is None:
+        padded = layout.padded(shapes.n, a.itemsize) + layout.TMA_ALIGN
+        buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, padded), cupy.nan, dtype=a.dtype)
+        c3 = buf[:, :shapes.m, :shapes.n]
+    else:
+        cfg = replace(cfg, row_store=True)
+        buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, row_pitch + 1), cupy.nan,
+                        dtype=a.dtype)
+        c3 = buf[:, :shapes.m, 1:shapes.n + 1]
     choice = Choice(sched, cfg, "test", group)
-    padded = layout.padded(shapes.n, a.itemsize) + layout.TMA_ALIGN
-    buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, padded), cupy.nan, dtype=a.dtype)
-    c3 = buf[:, :shapes.m, :shapes.n]
     launches = launch.build_launches(choice, p, call.a3, call.a_map, call.b3, call.b_map, c3)
     launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)
     cupy.cuda.get_current_stream().synchronize()

@@ -119,9 +119,14 @@ def _fake_loaded(cubin_path, name, smem_bytes, device_id):
                                  max_dynamic_shared_size_bytes=smem_bytes)
 
 
+def _kernel_name(function) -> str:
+    """The name of the kernel behind a stand-in handle."""
+    return next(n for n, h in _KERNEL_NAMES.items() if h == function)
+
+
 def _layout(function) -> tuple[bool, bool]:
     """(A is K-major, B is N-major) of the kernel behind a stand-in handle."""
-    name = next(n for n, h in _KERNEL_NAMES.items() if h == function)
+    name = _kernel_name(function)
     tag = name.rsplit("_", 1)[1]
     return tag[0] == "N", tag[1] == "N"
 
@@ -133,7 +138,7 @@ def _epilogue_spec(function):
         return None
     parts = name.split("_ep_")[1].rsplit("_", 1)[0].split("_")
     bias, c = "bias" in parts, "c" in parts
-    words = [w for w in parts if w not in ("bias", "c")]
+    words = [w for w in parts if w not in ("bias", "c", "rs")]   # "rs": a row store
     act = "_".join(words)
     return epilogue.EpilogueSpec(None if act == "linear" else act, bias, c)
 
@@ -188,9 +193,14 @@ class SimulatedLaunch:
             return
         (self.k, self.z0, self.count, self.a_div, self.a_mod, self.b_div, self.b_mod,
          self.tiles_m, self.tiles_n, self.group) = ints[:10]
+        # A row-store kernel (C's map parameter an address only) takes the output's extent
+        # and element strides next (epilogue.ROW_STORE_PARAMS).
+        self.row_store = map_templates[2] is launch.ADDRESS_SLOT
+        assert self.row_store == ("_rs_" in _kernel_name(function))
+        self.row_store_ints = tuple(ints[10:14]) if self.row_store else None
         # A fused epilogue's scalars follow (hopmm/epilogue.py, FusedEpilogue.scalars), and
         # its bias and c pointers come last at launch.
-        self.epilogue_ints = tuple(ints[10:])
+        self.epilogue_ints = tuple(ints[14 if self.row_store else 10:])
         self.epilogue_spec = _epilogue_spec(function)
         assert bool(self.epilogue_ints) == (self.epilogue_spec is not None)
 
@@ -212,13 +222,20 @@ class SimulatedLaunch:
             return self._split_k_parallel(stream, a_ptr, b_ptr, c_ptr, *extra)
         if len(self.templates) == 4:
             return self._split_k(stream, a_ptr, b_ptr, c_ptr, *extra)
-        if self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:   # C's box: 8 rows
+        if not self.row_store and self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:
+            # C's box: 8 rows
             return self._split_k_cluster(a_ptr, b_ptr, c_ptr)
-        assert self.templates[2][3] == (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1)
         assert self.cluster == (1, 1, 1)
-        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_) = \
-            self.templates
+        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_) = self.templates[:2]
         dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
+        if self.row_store:   # the address, then the extent and element strides in the ints
+            m, n, row_stride, batch_stride = self.row_store_ints
+            nb = self.z0 + self.count
+            c_dims = (n, m, nb)
+            c_str = (row_stride * dt.itemsize, batch_stride * dt.itemsize)
+        else:
+            assert self.templates[2][3] == (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1)
+            _, c_dims, c_str, *_ = self.templates[2]
         a, b, c = (_view(p, d, s, dt) for p, d, s in
                    ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
         a_k_major, b_n_major = self.a_k_major, self.b_n_major

@@ -137,14 +137,15 @@ def test_long_runs_of_256_wide_tiles_run_in_clusters(m, n, k, ta, tb, batch):
 
 @pytest.mark.parametrize("dtype,routed", [("float16", True), ("bfloat16", False)])
 def test_copy_route_only_where_cupy_matmul_computes_the_call(dtype, routed):
-    """Odd K and N make aligned copies that outlast the product, so the call goes to
-    cupy.matmul, except in bfloat16 with a batch, which CuPy cannot compute: hopmm's kernels
-    then run it, copies and all."""
+    """Odd K and N make aligned copies of A and B that outlast the product, so the call
+    goes to cupy.matmul, except in bfloat16 with a batch, which CuPy cannot compute: hopmm's
+    kernels then run it, copies and all. (The result, of odd rows too, is stored by rows and
+    copies nothing.)"""
     import cupy
 
     import hopmm
 
-    a, b = rand((4, 1272, 85), dtype), rand((4, 85, 1403), dtype)
+    a, b = rand((4, 160, 10001), dtype), rand((4, 10001, 161), dtype)
     assert (hopmm.plan(a, b).path == "cupy.matmul") == routed
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     got = hopmm.matmul(a, b).astype(cupy.float32)

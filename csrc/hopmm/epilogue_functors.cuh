@@ -34,6 +34,10 @@ struct EpilogueArgs {
     int bias_row_stride, bias_col_stride;
     int c_row_stride, c_col_stride, c_batch_stride;
     float alpha, beta;
+    // Where a kernel stores its output rows itself (Config::kRowStore; m and n above are then
+    // its extent): the base address, and the row and batch strides in elements.
+    void* out;
+    int out_row_stride, out_batch_stride;
 };
 
 template <class Cfg>

@@ -8,6 +8,11 @@
 // store of one box overlaps the staging of the next. A box is rewritten only after the store
 // that read it has finished reading (bulk wait_group.read).
 //
+// Row store (Config::kRowStore): an output whose rows are not 16-byte aligned cannot take a
+// TMA store (it writes whole 16-byte chunks). Such a kernel stages each box the same way, and
+// then its warpgroup copies the box to the output itself, a warp a row at a time, clipped at
+// the output's edge: the result needs no aligned buffer and no copy out (NOTES v0.24).
+//
 // Seed 004: the fence.proxy.async that hands a staged box from the generic proxy (stmatrix)
 // to the async proxy (TMA) is executed by every writing thread, unconditionally, before the
 // barrier; only the store itself is issued by one thread.
@@ -124,6 +129,110 @@ struct TmaStoreEpilogue {
         }
     }
 
+    // Row store. Where every row starts on 4 bytes (an even row stride), each thread copies
+    // 16-byte chunks of the box rows in the widest stores their addresses allow (a warp: 4
+    // rows of 128 bytes an instruction). Where rows start on 2 bytes every other row (an odd
+    // stride), each warp copies whole box rows instead: one 32-bit store a lane where the row
+    // starts on 4 bytes, else two 16-bit stores a lane (elements lane and lane + 32), so that
+    // each instruction writes contiguous bytes; chunks stored element by element there wrote
+    // each 32-byte sector eight times. Each way ran the other's case 1.2-2x slower (NOTES
+    // v0.24).
+    static constexpr int kChunksPerBoxRow = kSwizzleBytes / 16;
+    static constexpr int kBoxRowsPerPass = kWarpgroupThreads / kChunksPerBoxRow;
+    static constexpr int kElemsPerChunk = 16 / kElemBytes;
+    static constexpr int kWarps = kWarpgroupThreads / 32;
+    // Box rows a warp has in flight at once: one where the accumulators leave few registers
+    // (as for the fetch of a box's epilogue operands).
+    static constexpr int kRowStoreUnroll = kGroupsPerFetch > 1 ? 4 : 1;
+
+    // Element x of box row r: its 16-byte chunk x / 8 is at chunk (x / 8) ^ (r % 8) (stage_box).
+    __device__ __forceinline__ static u32 box_elem(u32 box, int r, int x) {
+        return box + r * kSwizzleBytes + (((x / 8) ^ (r % 8)) * 16) + (x % 8) * kElemBytes;
+    }
+
+    // `count` (up to 8) elements of the 16 bytes `v` to p (4-byte aligned), in the widest
+    // stores p allows.
+    __device__ __forceinline__ static void store_chunk(unsigned short* p, const uint4& v,
+                                                       int count) {
+        const u64 address = reinterpret_cast<u64>(p);
+        if (count >= kElemsPerChunk) {
+            if ((address & 15) == 0) {
+                *reinterpret_cast<uint4*>(p) = v;
+            } else if ((address & 7) == 0) {
+                reinterpret_cast<uint2*>(p)[0] = make_uint2(v.x, v.y);
+                reinterpret_cast<uint2*>(p)[1] = make_uint2(v.z, v.w);
+            } else {
+                u32* q = reinterpret_cast<u32*>(p);
+                q[0] = v.x; q[1] = v.y; q[2] = v.z; q[3] = v.w;
+            }
+            return;
+        }
+        const u32 words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < kElemsPerChunk; ++i)
+            if (i < count) p[i] = static_cast<unsigned short>(words[i / 2] >> (16 * (i % 2)));
+    }
+
+    // Rows that all start on 4 bytes: thread t copies chunk t % 8 of box rows t / 8, t / 8 +
+    // 16, ... (a quarter-warp reads one row's 8 chunks, in 8 distinct bank groups).
+    __device__ __forceinline__ static void store_box_chunks(u32 box, const EpilogueArgs& e,
+                                                            unsigned short* out, int thread,
+                                                            int rows, int cols) {
+        const int chunk = thread % kChunksPerBoxRow;
+        const int x = chunk * kElemsPerChunk;
+        if (x >= cols) return;
+        const int first = thread / kChunksPerBoxRow;
+        unsigned short* p = out + static_cast<long long>(first) * e.out_row_stride + x;
+        const long long step = static_cast<long long>(kBoxRowsPerPass) * e.out_row_stride;
+#pragma unroll 1
+        for (int r = first; r < rows; r += kBoxRowsPerPass, p += step)
+            store_chunk(p, ld_shared_v4(box_elem(box, r, x)), cols - x);
+    }
+
+    // Rows that start on 2 bytes every other row: warp w copies box rows w, w + 4, ...
+    __device__ __forceinline__ static void store_box_warp_rows(u32 box, const EpilogueArgs& e,
+                                                               unsigned short* out, int thread,
+                                                               int rows, int cols) {
+        const int warp = thread / 32, lane = thread % 32;
+#pragma unroll kRowStoreUnroll
+        for (int r = warp; r < rows; r += kWarps) {
+            unsigned short* p = out + static_cast<long long>(r) * e.out_row_stride;
+            if ((reinterpret_cast<u64>(p) & 3) == 0) {  // uniform over the warp
+                const int x = 2 * lane;
+                if (x + 1 < cols)
+                    *reinterpret_cast<u32*>(p + x) = ld_shared_u32(box_elem(box, r, x));
+                else if (x < cols)
+                    p[x] = ld_shared_u16(box_elem(box, r, x));
+            } else {
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int x = lane + 32 * h;
+                    if (x < cols) p[x] = ld_shared_u16(box_elem(box, r, x));
+                }
+            }
+        }
+    }
+
+    // The staged box at `box` to the output rows row0 .. row0 + 63, columns col0 .. col0 + 63
+    // of batch slice z, clipped at the output's edge.
+    __device__ __forceinline__ static void store_box_rows(u32 box, const EpilogueArgs& e,
+                                                          int thread,
+                                                          int row0, int col0, int z) {
+        const int cols = min(e.n - col0, kTmaBoxElems);  // of each row, inside the output
+        const int rows = min(e.m - row0, S::kWgmmaM);
+        if (cols <= 0) return;
+        unsigned short* out = static_cast<unsigned short*>(e.out) +
+                              static_cast<long long>(z) * e.out_batch_stride +
+                              static_cast<long long>(row0) * e.out_row_stride + col0;
+        // col0 is a multiple of 64 elements: a row's start and its box's share alignment.
+        const bool rows_on_4_bytes = (reinterpret_cast<u64>(e.out) & 3) == 0 &&
+                                     ((e.out_row_stride | e.out_batch_stride) & 1) == 0;
+        if (rows_on_4_bytes)
+            store_box_chunks(box, e, out, thread, rows, cols);
+        else
+            store_box_warp_rows(box, e, out, thread, rows, cols);
+    }
+
     // Box BOX of row block R and every later one, each through the next staging box of the
     // ring (the I-th box of the tile goes through staging box I % kCBuffers).
     template <int R, int BOX, int ROW_BLOCKS, int NREG>
@@ -137,18 +246,25 @@ struct TmaStoreEpilogue {
             constexpr int kBuffer = kIndex % S::kCBuffers;
             const u32 barrier = kBarrierEpilogueBase + consumer;
             if constexpr (kIndex >= S::kCBuffers) {
-                // The store kCBuffers boxes back read this staging box: it must be done reading.
-                if (thread == 0) bulk_wait_group_read<S::kCBuffers - 1>();
+                // The store kCBuffers boxes back read this staging box: it must be done reading
+                // (a row store's reads are the warpgroup's own, done before the barrier).
+                if (!Cfg::kRowStore && thread == 0) bulk_wait_group_read<S::kCBuffers - 1>();
                 named_barrier_sync(barrier, kWarpgroupThreads);
             }
             unsigned char* box = smem.c_buffer(consumer, kBuffer);
             stage_box<BOX>(acc[R], smem_addr(box), thread, smem.epilogue, row0 + R * S::kWgmmaM,
                            n0, z);
-            fence_proxy_async_smem();
-            named_barrier_sync(barrier, kWarpgroupThreads);
-            if (thread == 0) {
-                tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
-                bulk_commit_group();
+            if constexpr (Cfg::kRowStore) {
+                named_barrier_sync(barrier, kWarpgroupThreads);
+                store_box_rows(smem_addr(box), smem.epilogue, thread, row0 + R * S::kWgmmaM,
+                               n0 + BOX * kTmaBoxElems, z);
+            } else {
+                fence_proxy_async_smem();
+                named_barrier_sync(barrier, kWarpgroupThreads);
+                if (thread == 0) {
+                    tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
+                    bulk_commit_group();
+                }
             }
             constexpr bool kLastOfRow = BOX + 1 == kBoxesPerRowBlock;
             store_boxes<kLastOfRow ? R + 1 : R, kLastOfRow ? 0 : BOX + 1>(
@@ -168,7 +284,7 @@ struct TmaStoreEpilogue {
         static_assert(ROW_BLOCKS * kBoxesPerRowBlock >= S::kCBuffers,
                       "no more staging boxes than the consumer's part of the tile has");
         if (Cfg::kOverlapStore) {
-            if (thread == 0) bulk_wait_group_read<0>();
+            if (!Cfg::kRowStore && thread == 0) bulk_wait_group_read<0>();
             named_barrier_sync(kBarrierEpilogueBase + consumer, kWarpgroupThreads);
         }
         store_boxes<0, 0>(acc, map_c, smem, consumer, thread, row0, n0, z);
@@ -177,7 +293,7 @@ struct TmaStoreEpilogue {
     // Before the CTA exits: shared memory must stay valid until the last store has read it,
     // and the grid's writes must be complete when the kernel ends.
     __device__ __forceinline__ static void finish(int thread) {
-        if (thread == 0) bulk_wait_group_0();
+        if (!Cfg::kRowStore && thread == 0) bulk_wait_group_0();
     }
 };
 

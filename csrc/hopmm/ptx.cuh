@@ -15,8 +15,33 @@ struct alignas(64) TensorMap {
 };
 static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
 
+// A map parameter that carries only a base address, in its first 8 bytes (launch.py's
+// ADDRESS_SLOT): the output of a kernel that stores its rows without TMA (kRowStore).
+__device__ __forceinline__ void* address_in_map_slot(const TensorMap* map) {
+    return reinterpret_cast<void*>(map->opaque[0]);
+}
+
 __device__ __forceinline__ u32 smem_addr(const void* p) {
     return static_cast<u32>(__cvta_generic_to_shared(p));
+}
+
+// Loads from shared memory by 32-bit shared-window address (fewer registers than generic
+// pointers where they are scarce).
+__device__ __forceinline__ uint4 ld_shared_v4(u32 addr) {
+    uint4 v;
+    asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ u32 ld_shared_u32(u32 addr) {
+    u32 v;
+    asm volatile("ld.shared.u32 %0, [%1];" : "=r"(v) : "r"(addr));
+    return v;
+}
+__device__ __forceinline__ unsigned short ld_shared_u16(u32 addr) {
+    unsigned short v;
+    asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
+    return v;
 }
 
 // ---- mbarrier (PTX ISA 9.7.13.15) -------------------------------------------------------

@@ -199,7 +199,7 @@ __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char
         fence_barrier_init();
         tma_prefetch_map(map_a);
         tma_prefetch_map(map_b);
-        tma_prefetch_map(map_c);
+        if constexpr (!Cfg::kRowStore) tma_prefetch_map(map_c);  // else an address only
     }
     __syncthreads();
     grid_dependency_wait();
