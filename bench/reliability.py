@@ -128,6 +128,10 @@ QUICK_TOOL_SHAPES = {
 # tests/test_gpu_split_k.py::test_workspace_is_written_before_it_is_read (a NaN-filled
 # workspace before each call).
 WORKSPACE_SCHEDULES = ("split_k", "split_k_parallel")
+# Under initcheck every poll of those kernels' semaphores is instrumented: of the three
+# initcheck shapes, two ran past SANITIZER_TIMEOUT_S on each (NOTES v0.19, v0.24). There
+# initcheck can show only the blind spot above, so one shape runs.
+WORKSPACE_INITCHECK_SHAPES = ("odd_pitch",)
 UNINITIALISED_READ = "Uninitialized __global__ memory read"
 KNOWN_BLIND_SPOT = ("initcheck does not see TMA stores into the split-K workspace "
                     "(test_workspace_is_written_before_it_is_read checks the order)")
@@ -436,8 +440,11 @@ def sanitizer_plan(schedules, quick: bool, tools=TOOLS) -> list:
     plan = []
     for tool in tools:
         for schedule in schedules:
+            names = (WORKSPACE_INITCHECK_SHAPES
+                     if tool == "initcheck" and schedule in WORKSPACE_SCHEDULES
+                     else table[tool])
             shapes = (list(GEMV_SHAPES) if schedule == "gemv"
-                      else [EDGE_SHAPES[s] for s in table[tool]])
+                      else [EDGE_SHAPES[s] for s in names])
             runs = [[spec] for spec in shapes] if tool in SHAPE_BY_SHAPE_TOOLS else [shapes]
             plan += [(tool, schedule, run) for run in runs]
     return plan
