@@ -205,10 +205,15 @@ SOAK_SCHEDULE_STRETCH = 50     # calls between changes of the forced schedule
 SOAK_HEURISTIC_WEIGHT = 3      # the heuristic's choice counts as this many schedules
 SOAK_REPEATED_SHAPES = 64
 SOAK_REPEAT_SHARE = 0.7
-# Calls that carry a fused epilogue (a random activation, a bias of shape (N,), c with beta
-# and alpha), checked against the unfused fp32 computation like the plain ones.
+# Calls that carry a fused epilogue (one of SOAK_CHAINS, with alpha), checked against the
+# unfused fp32 computation like the plain ones.
 SOAK_FUSED_SHARE = 0.3
-SOAK_ACTIVATIONS = (None, "relu", "gelu", "gelu_tanh", "silu", "sigmoid")
+# The fused chains a soak call draws, (activation, bias, c): every activation and operand
+# appears, in few enough chains that the soak can load each of their kernels before it measures
+# (load_every_kernel; all 24 chains times the row store made ~500 first loads inside the
+# measured window and grew host memory by 234 MB, NOTES v0.24).
+SOAK_CHAINS = (("relu", True, False), ("gelu", False, True), ("silu", True, True),
+               (None, False, True), ("gelu_tanh", True, False), ("sigmoid", False, True))
 # Growth from the first sample to the last that still counts as flat: the recipe cache may
 # fill up to its bound in between (a few KB a recipe on the host), the workspaces grow to
 # the largest split-K problem drawn (a few MB on the GPU).
@@ -579,18 +584,19 @@ def device_operands(case: Case, generator):
 
 
 def fused_keywords(rng: random.Random, case: Case, generator) -> dict:
-    """Random epilogue keywords for `case`'s product: an activation, and each of bias (N,)
-    and c (the result's shape, with beta) present or not, alpha not 1."""
+    """Random epilogue keywords for `case`'s product: one of SOAK_CHAINS (its activation, a
+    bias of shape (N,), c of the result's shape with beta), and alpha."""
     import cupy
 
     def operand(shape):
         return generator.standard_normal(shape, dtype=cupy.float32).astype(case.dtype)
 
     out_shape = ((case.batch,) if case.batch else ()) + (case.m, case.n)
-    kw = {"activation": rng.choice(SOAK_ACTIVATIONS), "alpha": rng.choice((0.5, 1.0, 2.0))}
-    if rng.random() < 0.5:
+    activation, bias, c = rng.choice(SOAK_CHAINS)
+    kw = {"activation": activation, "alpha": rng.choice((0.5, 1.0, 2.0))}
+    if bias:
         kw["bias"] = operand((case.n,))
-    if rng.random() < 0.5:
+    if c:
         kw["c"], kw["beta"] = operand(out_shape), rng.choice((1.0, -0.5))
     return kw
 
@@ -724,26 +730,47 @@ def pool_used_mb() -> float:
     return cupy.get_default_memory_pool().used_bytes() / 2**20
 
 
+def soak_kernels(smem: int) -> list:
+    """(schedule, config) of every kernel the soak's calls can run: each registered config,
+    and for matmul's tile schedules each with the soak's fused chains (SOAK_CHAINS) and with
+    a row store where it fits."""
+    from dataclasses import replace
+
+    from hopmm.epilogue import EpilogueSpec
+    from hopmm.schedules import ALL_SCHEDULES, SCHEDULES
+
+    specs = [None] + [EpilogueSpec(*chain) for chain in SOAK_CHAINS]
+    cases = []
+    for name, schedule in ALL_SCHEDULES.items():
+        for cfg in schedule.configs(smem):
+            if name not in SCHEDULES:
+                cases.append((schedule, cfg))
+                continue
+            for spec in specs:
+                for row_store in (False, True):
+                    variant = replace(cfg, epilogue=spec, row_store=row_store)
+                    if not row_store or schedule.row_store_fits(variant):
+                        cases.append((schedule, variant))
+    return cases
+
+
 def load_every_kernel() -> int:
-    """Compiles (from the cache, where `warm` filled it) and loads on this device every kernel
-    hopmm registers, and the row-copy kernel: the soak's memory samples then see no kernel's
-    first load (a few hundred KB of host memory each, bounded by the registry) and its calls
-    no compile. Returns how many."""
+    """Compiles (in parallel processes, into the cache) and loads on this device every kernel
+    the soak can run (soak_kernels) and the row-copy kernel: the soak's memory samples then see
+    no kernel's first load (a few hundred KB of host memory each, bounded by that set) and its
+    calls no compile. Returns how many."""
     import cupy
 
-    from hopmm import launch, row_copy
+    from hopmm import launch, report, row_copy
     from hopmm.device import query
-    from hopmm.schedules import ALL_SCHEDULES
 
     device_id = cupy.cuda.Device().id
-    smem = query(device_id).smem_per_block_optin
-    count = 0
-    for schedule in ALL_SCHEDULES.values():
-        for cfg in schedule.configs(smem):
-            launch._checked_kernel(schedule, cfg, device_id)
-            count += 1
+    cases = soak_kernels(query(device_id).smem_per_block_optin)
+    report.fill_cache(cases)
+    for schedule, cfg in cases:
+        launch._checked_kernel(schedule, cfg, device_id)
     row_copy.loaded(device_id)
-    return count + 1
+    return len(cases) + 1
 
 
 def soak(args, results: list) -> None:

@@ -310,8 +310,8 @@ def test_fused_cases_parse_and_their_reference_applies_the_chain():
 
 
 def test_soak_fused_keywords_fit_the_case():
-    """The soak's fused calls: an activation matmul knows, alpha, and a bias of shape (N,)
-    and c of the result's shape with beta, each drawn or not."""
+    """The soak's fused calls: one of SOAK_CHAINS (an activation matmul knows, a bias of
+    shape (N,), c of the result's shape with beta) and alpha."""
     import numpy as np
 
     class Generator:   # cupy.random.RandomState's call, on the host
@@ -329,5 +329,33 @@ def test_soak_fused_keywords_fit_the_case():
             assert kw["bias"].shape == (case.n,)
         if "c" in kw:
             assert kw["c"].shape == lead + (case.m, case.n) and kw["beta"] != 0
-        seen.add(("bias" in kw, "c" in kw))
-    assert len(seen) == 4
+        seen.add((kw["activation"], "bias" in kw, "c" in kw))
+    # Every chain drawn, and no other: those are the ones load_every_kernel loads first.
+    assert seen == set(rel.SOAK_CHAINS)
+    assert {a for a, _, _ in seen} == set(epilogue.ACTIVATIONS)
+    assert {(b, c) for _, b, c in seen} == {(False, True), (True, False), (True, True)}
+
+
+def test_soak_loads_every_kernel_its_calls_can_run():
+    """load_every_kernel's set: every registered config, and each of matmul's tile configs
+    with every soak chain, with and without a row store where that fits; each once."""
+    from dataclasses import replace
+
+    from hopmm.device import H100_SXM
+    from hopmm.epilogue import EpilogueSpec
+    from hopmm.schedules import ALL_SCHEDULES, SCHEDULES
+
+    smem = H100_SXM.smem_per_block_optin
+    cases = rel.soak_kernels(smem)
+    names = [s.kernel_name(c) for s, c in cases]
+    assert len(names) == len(set(names))
+    keys = {(s.name, c) for s, c in cases}
+    for name, sched in ALL_SCHEDULES.items():
+        for cfg in sched.configs(smem):
+            assert (name, cfg) in keys
+            if name in SCHEDULES:
+                for chain in rel.SOAK_CHAINS:
+                    fused = replace(cfg, epilogue=EpilogueSpec(*chain))
+                    assert (name, fused) in keys
+                    rows = replace(fused, row_store=True)
+                    assert ((name, rows) in keys) == sched.row_store_fits(rows)
