@@ -780,7 +780,11 @@ def soak(args, results: list) -> None:
     from hopmm import caches
     from hopmm.schedules import SCHEDULES
 
+    began = time.time()
     loaded = load_every_kernel()
+    # Progress as it goes: a run cut short by a time limit still shows where it was.
+    print(f"[soak] {loaded} kernels compiled and loaded in {time.time() - began:.0f} s; "
+          f"host RSS {host_rss_mb():.0f} MB", flush=True)
     rng = random.Random(SEED)
     generator = cupy.random.RandomState(SEED)
     # Mostly the heuristic's own choice; a forced schedule for a stretch of calls at a time
@@ -798,6 +802,8 @@ def soak(args, results: list) -> None:
             if first_sample is None and time.time() >= warm_until:
                 cupy.cuda.Device().synchronize()
                 first_sample = (host_rss_mb(), pool_used_mb())
+                print(f"[soak] first sample after {calls} calls: host RSS "
+                      f"{first_sample[0]:.0f} MB, GPU pool {first_sample[1]:.0f} MB", flush=True)
             if calls % SOAK_SCHEDULE_STRETCH == 0:
                 hopmm.use_schedule(rng.choice(schedules))
             case = rng.choice(repeated) if rng.random() < SOAK_REPEAT_SHARE else random_case(rng)
