@@ -73,7 +73,7 @@ class KernelConfig:
     epilogue: EpilogueSpec | None = None
     # Whether the epilogue stores the output's rows itself (element stores from the staged
     # boxes) instead of through TMA: for outputs whose rows are not 16-byte aligned, which TMA
-    # cannot store (epilogue_tma_store.cuh). Schedules with `row_store_ok` only.
+    # cannot store (epilogue_tma_store.cuh). Only configs whose schedule says `row_store_fits`.
     row_store: bool = False
 
     def __post_init__(self):
