@@ -169,3 +169,15 @@ def test_explain_names_the_row_store(simulated_gpu):
     text = hopmm.explain(a, b)
     assert "output: the epilogue stores the rows itself" in text and "_rs_" in text
     assert "output: TMA stores into the result" in hopmm.explain(a, rand((96, 136)))
+
+
+def test_a_result_stored_by_rows_does_not_count_toward_the_copy_route(simulated_gpu):
+    """Short K, odd N: only B's small copy is made (the result is stored by rows), so the
+    call runs on hopmm's kernels; counting the result's copy (32 MB) would have routed it."""
+    from hopmm import heuristics
+
+    a, b = rand((4000, 64)), rand((64, 4001))
+    assert hopmm.plan(a, b).path == "kernel"
+    result_bytes = 4000 * 4001 * 2
+    assert heuristics.copy_route_reason(4000, 4001, 64, 1, b.nbytes + result_bytes) is not None
+    assert "stores the rows itself" in hopmm.explain(a, b)
