@@ -298,8 +298,8 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
     """The operands as the kernel reads them (operands.kernel_operands) and the schedule,
     decided on exactly those; `spec`, a fused epilogue's, goes into the chosen config (it
     does not change the choice, except that gemv takes no epilogue); `row_store`: the
-    result's rows are not 16-byte aligned, and a config that can store them itself
-    (row_store_fits) does so."""
+    result's rows are not 16-byte aligned, and the choice stores them itself where it can
+    (heuristics.row_store_choice)."""
     ops = operands.kernel_operands(a, b, shapes)
     dev = device_mod.query(a.device.id)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
@@ -313,10 +313,9 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
                                    epilogue_reads=reads))
     if fused:
         choice = replace(choice, config=replace(choice.config, epilogue=spec))
-    if row_store and choice.schedule.row_store_ok:
-        stored = replace(choice.config, row_store=True)
-        if choice.schedule.row_store_fits(stored):
-            choice = replace(choice, config=stored)
+    if row_store:
+        choice = heuristics.row_store_choice(choice, ops.problem, dev,
+                                             forced=forced is not None) or choice
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 
 

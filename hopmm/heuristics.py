@@ -3,7 +3,7 @@ so it is tested without a GPU."""
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .device import DeviceInfo
 from .problem import Problem
@@ -565,6 +565,46 @@ def _tile_rival(problem: Problem, device: DeviceInfo) -> tuple[float, str] | Non
     us, splits = min(picks)
     return us, ("split_k_parallel's" if splits > 1 else
                 "the persistent tiles' (rated at the unsplit 64-row tile's)")
+
+
+# The single-accumulator-set kernel of each overlap kernel's tiles: where a result of rows
+# that are not 16-byte aligned must be stored, the overlap kernel's 64 x 192 sets leave no
+# registers for the row store (Schedule.row_store_fits) and its result would go through an
+# aligned buffer and a copy: each 2-byte element of C read and written once more at 3 TB/s
+# against its 2K flops at 800 TFLOP/s, about 530 / K of the product's time. The tile-time
+# model puts the overlap kernel at most ~1 % ahead (OVERLAP_SPEED against one exposed epilogue
+# k-block, from 16 k-blocks), and autotune found persistent 128 x 192 2-5 % ahead of it on
+# several shapes (bench/NOTES.md v0.23), so the single-set kernel with the row store wins.
+SINGLE_SET_OF_OVERLAP = {PersistentOverlapSchedule: PersistentSchedule,
+                         PersistentClusterOverlapSchedule: PersistentClusterSchedule}
+
+
+def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
+                     forced: bool = False) -> Choice | None:
+    """`choice` storing a result of unaligned rows itself (KernelConfig.row_store): its own
+    config with the row store where that fits; else, unless the schedule was `forced`, the
+    same tile on the single-set kernel (SINGLE_SET_OF_OVERLAP); None where neither (split-K,
+    gemv: the result goes through an aligned buffer)."""
+    sched = choice.schedule
+    if not sched.row_store_ok:
+        return None
+    stored = replace(choice.config, row_store=True)
+    if sched.row_store_fits(stored):
+        return replace(choice, config=stored)
+    single = SINGLE_SET_OF_OVERLAP.get(sched)
+    if forced or single is None:
+        return None
+    cfg = single.deepest(problem.dtype, choice.config.block_n, problem.trans_a,
+                         problem.trans_b, device.smem_per_block_optin, choice.config.block_m)
+    if cfg is None:
+        return None
+    cfg = replace(cfg, epilogue=choice.config.epilogue, row_store=True)
+    if not single.row_store_fits(cfg):
+        return None
+    why = (f"{choice.reason}; the result's rows are not 16-byte aligned: {single.name} stores "
+           f"them itself, where {sched.name} (no registers for that) would copy the result out "
+           f"of an aligned buffer")
+    return replace(choice, schedule=single, config=cfg, reason=why)
 
 
 @functools.lru_cache(maxsize=4096)

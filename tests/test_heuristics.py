@@ -636,3 +636,36 @@ def test_epilogues_that_read_operands_stay_off_the_tall_cluster_tile(m, n):
     reads = heuristics.choose(Problem(m, n, 4096, 1, "bfloat16"), H100_SXM, None, True, True)
     assert reads.schedule.epilogue_fetches_boxes(reads.config)
     assert choose(m, n, 4096, epilogue=True).config == plain.config  # activation only
+
+
+def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
+    """A result of unaligned rows: a config that takes the row store keeps its schedule; the
+    overlap kernel's 128 x 192 (no registers for it) gives way to the single-set kernel of
+    the same tile, unless forced; split-K and gemv keep the copy (None)."""
+    from dataclasses import replace
+
+    from hopmm.schedules import PersistentOverlapSchedule, PersistentSchedule
+
+    dev = H100_SXM
+    problem = Problem(1000, 3001, 8192, 1, "bfloat16")
+    choice = heuristics.choose(problem, dev)
+    assert choice.schedule is PersistentOverlapSchedule and choice.config.block_n == 192
+    stored = heuristics.row_store_choice(choice, problem, dev)
+    assert stored.schedule is PersistentSchedule and stored.config.row_store
+    assert (stored.config.block_m, stored.config.block_n) == (128, 192)
+    assert stored.raster_group == choice.raster_group
+    assert "stores them itself" in stored.reason
+    assert heuristics.row_store_choice(choice, problem, dev, forced=True) is None
+
+    short = Problem(4000, 3001, 256, 1, "bfloat16")
+    plain = heuristics.choose(short, dev)
+    assert not plain.schedule.name.endswith("overlap")
+    kept = heuristics.row_store_choice(plain, short, dev)
+    assert kept.schedule is plain.schedule and kept.config == replace(plain.config,
+                                                                       row_store=True)
+    few = Problem(96, 190, 8192, 1, "bfloat16")
+    assert heuristics.row_store_choice(heuristics.choose(few, dev, "split_k_parallel"), few,
+                                       dev) is None
+    decode = Problem(1, 8191, 8192, 1, "bfloat16")
+    assert heuristics.row_store_choice(heuristics.choose(decode, dev, "gemv"), decode,
+                                       dev) is None

@@ -181,3 +181,19 @@ def test_a_result_stored_by_rows_does_not_count_toward_the_copy_route(simulated_
     result_bytes = 4000 * 4001 * 2
     assert heuristics.copy_route_reason(4000, 4001, 64, 1, b.nbytes + result_bytes) is not None
     assert "stores the rows itself" in hopmm.explain(a, b)
+
+
+def test_a_call_the_overlap_kernel_would_copy_runs_on_the_single_set_kernel(simulated_gpu):
+    """400 x 5001 x 1024: the heuristic's 128 x 192 overlap tile has no registers for the row
+    store; the call runs the same tile on the persistent kernel, storing its rows itself, and
+    says so; forced onto the overlap kernel it copies its result as before."""
+    a, b = rand((400, 1024)), rand((1024, 5001))
+    text = hopmm.explain(a, b)
+    assert "schedule: persistent\n" in text and "_128x192x64_" in text and "_rs_" in text
+    assert "would copy the result" in text
+    expect(a, b, hopmm.matmul(a, b))
+    assert _kernel_names().startswith("hopmm_persistent_bf16_128x192")
+    hopmm.use_schedule("persistent_overlap")
+    assert "through an aligned buffer" in hopmm.explain(a, b)
+    expect(a, b, hopmm.matmul(a, b))
+    assert "_rs_" not in _kernel_names()

@@ -254,17 +254,16 @@ struct TmaStoreEpilogue {
             unsigned char* box = smem.c_buffer(consumer, kBuffer);
             stage_box<BOX>(acc[R], smem_addr(box), thread, smem.epilogue, row0 + R * S::kWgmmaM,
                            n0, z);
+            // (A row store reads the box with ordinary loads; the fence costs it next to
+            // nothing and keeps one sequence for both.)
+            fence_proxy_async_smem();
+            named_barrier_sync(barrier, kWarpgroupThreads);
             if constexpr (Cfg::kRowStore) {
-                named_barrier_sync(barrier, kWarpgroupThreads);
                 store_box_rows(smem_addr(box), smem.epilogue, thread, row0 + R * S::kWgmmaM,
                                n0 + BOX * kTmaBoxElems, z);
-            } else {
-                fence_proxy_async_smem();
-                named_barrier_sync(barrier, kWarpgroupThreads);
-                if (thread == 0) {
-                    tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
-                    bulk_commit_group();
-                }
+            } else if (thread == 0) {
+                tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
+                bulk_commit_group();
             }
             constexpr bool kLastOfRow = BOX + 1 == kBoxesPerRowBlock;
             store_boxes<kLastOfRow ? R + 1 : R, kLastOfRow ? 0 : BOX + 1>(
