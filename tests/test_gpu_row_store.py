@@ -169,3 +169,22 @@ def test_split_k_still_copies_odd_rows():
         forced.check_close(hopmm.matmul(a, b), ref, "bfloat16")
     finally:
         hopmm.use_schedule(None)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_overlap_tiles_of_odd_rows_run_on_the_single_set_kernel(dtype):
+    """400 x 5001 x 1024: the heuristic's persistent_overlap 128 x 192 has no registers for
+    the row store, so the call runs the same tile on the persistent kernel, storing its rows
+    itself (heuristics.row_store_choice); first call and repeat."""
+    import cupy
+
+    import hopmm
+
+    cupy.random.seed(9)
+    a, b = forced.operands(400, 5001, 1024, dtype)
+    info = _matmul_store(a, b)
+    assert info["schedule"] == "persistent" and "_128x192x64_" in info["kernel"], info
+    assert "stores the rows itself" in info["output"], info
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    for _ in range(2):
+        forced.check_close(hopmm.matmul(a, b), ref, dtype)
