@@ -149,40 +149,42 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes) -> str | None:
 
 def _output_store(result, shapes: layout.MatmulShapes, itemsize: int,
                   overlapping: bool = False) -> str:
-    """How a kernel writes the (batch, m, n) result (None: a new C-contiguous array): "tma"
-    (TMA stores in place), "rows" (in place by a row-store kernel: rows not 16-byte aligned)
-    or "copy" (an aligned buffer, then a copy into the result: an out that overlaps the
-    operands or whose layout neither can write)."""
+    """How a kernel can write the (batch, m, n) result (None: a new C-contiguous array):
+    "tma" (TMA stores in place), "rows" (in place by a row-store kernel: rows not 16-byte
+    aligned) or "copy" (an aligned buffer, then a copy into the result: an out that overlaps
+    the operands or whose layout neither can write)."""
+    if overlapping:
+        return "copy"
     shape3 = (shapes.batch, shapes.m, shapes.n)
-    if result is None:
+    if result is None or result.flags.c_contiguous:
         strides3 = (shapes.m * shapes.n * itemsize, shapes.n * itemsize, itemsize)
-        address, contiguous = 0, True
+        address = 0 if result is None else result.data.ptr
+        if layout.store_ok(shape3[1:], strides3[1:], itemsize, address):
+            return "tma"
+    elif result.ndim == 2:
+        strides3 = (0,) + tuple(result.strides)
     else:
-        if overlapping:
-            return "copy"
-        contiguous = result.flags.c_contiguous
-        address = result.data.ptr
-        if contiguous:
-            strides3 = (shapes.m * shapes.n * itemsize, shapes.n * itemsize, itemsize)
-        elif result.ndim == 2:
-            strides3 = (0,) + tuple(result.strides)
-        else:
-            return "copy"
-    if contiguous and layout.store_ok(shape3[1:], strides3[1:], itemsize, address):
-        return "tma"
-    if layout.row_store_strides(shape3, strides3, itemsize) is not None:
-        return "rows"
-    return "copy"
+        return "copy"
+    return "rows" if layout.row_store_strides(shape3, strides3, itemsize) is not None else "copy"
 
 
-def _store_note(store: str, config) -> str:
-    """How the kernel writes the result (explain), from _output_store and the config."""
-    if store == "tma":
-        return "TMA stores into the result"
-    if store == "rows" and getattr(config, "row_store", False):
-        return ("the epilogue stores the rows itself (they are not 16-byte aligned, which TMA "
-                "stores need)")
-    return "through an aligned buffer, then copied into the result"
+def _stored_call(a, b, shapes: layout.MatmulShapes, spec, result, itemsize: int,
+                 overlapping: bool) -> tuple[KernelCall, str]:
+    """_kernel_call for a call into `result` (None: a new array) and how its kernel writes the
+    result: _output_store's answer, "copy" where it was "rows" but the choice cannot store
+    rows (split-K, gemv, a forced overlap kernel)."""
+    store = _output_store(result, shapes, itemsize, overlapping)
+    call = _kernel_call(a, b, shapes, spec, row_store=store == "rows")
+    if store == "rows" and not getattr(call.choice.config, "row_store", False):
+        store = "copy"
+    return call, store
+
+
+# How the kernel writes the result, by _stored_call's answer (explain's "output:" line).
+STORE_NOTES = {"tma": "TMA stores into the result",
+               "rows": "the epilogue stores the rows itself (they are not 16-byte aligned, "
+                       "which TMA stores need)",
+               "copy": "through an aligned buffer, then copied into the result"}
 
 
 def _too_large_reason(shapes: layout.MatmulShapes) -> str | None:
@@ -324,8 +326,8 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     chosen_at = fastpath.generation
     ep = p.epilogue
     overlapping = user_out and (_overlap(result, a) or _overlap(result, b))
-    store = _output_store(result, s, result.itemsize, overlapping)
-    call = _kernel_call(a, b, s, None if ep is None else ep.spec, row_store=store == "rows")
+    call, store = _stored_call(a, b, s, None if ep is None else ep.spec, result,
+                               result.itemsize, overlapping)
     epilogue_ptrs = ()
     repeatable = True
     if ep is not None:
@@ -335,8 +337,7 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
         ep = ep.readable(result if user_out else None)
         repeatable = repeatable and not ep.c_copied
         epilogue_ptrs = ep.pointers()
-    direct = store == "tma" or (store == "rows"
-                                and getattr(call.choice.config, "row_store", False))
+    direct = store != "copy"
     c_buffer = None if direct else (s.batch, s.m, s.n, layout.padded(s.n, result.itemsize))
     if direct:  # the result itself (a 2-D out of any row stride for a row store)
         c3 = result.reshape(s.batch, s.m, s.n) if result.flags.c_contiguous else result[None]
@@ -400,17 +401,16 @@ def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
         lines.append(f"epilogue: {ep.spec.describe()} ({operands}); {where}")
     if p.path == "kernel":
         overlapping = out is not None and (_overlap(out, a) or _overlap(out, b))
-        store = _output_store(out, s, a.itemsize, overlapping)
         with a.device:
-            call = _kernel_call(a, b, p.shapes, None if ep is None else ep.spec,
-                                row_store=store == "rows")
+            call, store = _stored_call(a, b, p.shapes, None if ep is None else ep.spec, out,
+                                       a.itemsize, overlapping)
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
         grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count,
                                c.splits)
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
-                  f"output: {_store_note(store, c.config)}",
+                  f"output: {STORE_NOTES[store]}",
                   f"schedule: {c.schedule.name}",
                   f"consumers: {c.schedule.consumer_roles(c.config)}",
                   f"kernel: {c.schedule.kernel_name(c.config)}",

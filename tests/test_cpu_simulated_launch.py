@@ -133,7 +133,7 @@ def _layout(function) -> tuple[bool, bool]:
 
 def _epilogue_spec(function):
     """The fused epilogue named by a stand-in kernel's name (`..._ep_relu_bias_c_NT`)."""
-    name = next(n for n, h in _KERNEL_NAMES.items() if h == function)
+    name = _kernel_name(function)
     if "_ep_" not in name:
         return None
     parts = name.split("_ep_")[1].rsplit("_", 1)[0].split("_")
@@ -215,7 +215,7 @@ class SimulatedLaunch:
         assert len(extra) == self.pointers + len(self.templates) - 3
         if self.epilogue_spec is not None:
             self.epilogue_ptrs, extra = extra[-2:], extra[:-2]
-        name = next(x for x, h in _KERNEL_NAMES.items() if h == self.function)
+        name = _kernel_name(self.function)
         if name.startswith(("hopmm_shared_a_", "hopmm_swiglu_")):
             return self._dual_b(name, a_ptr, b_ptr, c_ptr, *extra)
         if len(self.templates) == 4 and self.templates[2][3][1] == CLUSTER_REDUCE_GROUP_ROWS:
@@ -320,7 +320,7 @@ class SimulatedLaunch:
         (m, n, k, z0, a_div, a_mod, b_div, b_mod, a_ld, b_ld, c_ld, a_b16, b_b16,
          c_b16) = self.gemv_ints
         tiles, splits, count = self.grid
-        name = next(x for x, h in _KERNEL_NAMES.items() if h == self.function)
+        name = _kernel_name(self.function)
         dt = BF16 if "_bf16_" in name else np.dtype(np.float16)
         if splits > 1:
             counters = _view(scratch_ptr, (GEMV_COUNTERS, 1, 1), (4 * GEMV_COUNTERS,) * 2,

@@ -124,7 +124,8 @@ def test_output_store_decisions():
     assert api._output_store(batched_view, shapes(100, 63, (3,)), itemsize) == "copy"
 
 
-def _kernel_names():
+def _last_kernel() -> str:
+    """The name of the kernel the simulated GPU launched last."""
     from test_cpu_simulated_launch import _kernel_name
 
     return _kernel_name(SimulatedLaunch.last.function)
@@ -146,7 +147,7 @@ def test_odd_rows_are_stored_in_place_on_the_simulated_gpu(simulated_gpu, monkey
     for _ in range(2):
         got = hopmm.matmul(a, b)
         expect(a, b, got)
-        assert "_rs_" in _kernel_names()
+        assert "_rs_" in _last_kernel()
     assert (300, 137) not in buffers and buffers == [(96, 137)]   # B's copy, first call
     assert all(shape[-2:] != (300, 137) for shape in copies)
     assert SimulatedLaunch.launches == 2
@@ -159,7 +160,7 @@ def test_strided_out_keeps_its_gaps_on_the_simulated_gpu(simulated_gpu):
     for _ in range(2):
         assert hopmm.matmul(a, b, out=out) is out
         expect(a, b, out)
-        assert "_rs_" in _kernel_names()
+        assert "_rs_" in _last_kernel()
         assert np.isnan(np.asarray(buf[:, :3], np.float32)).all()
         assert np.isnan(np.asarray(buf[:, 33:], np.float32)).all()
 
@@ -192,8 +193,8 @@ def test_a_call_the_overlap_kernel_would_copy_runs_on_the_single_set_kernel(simu
     assert "schedule: persistent\n" in text and "_128x192x64_" in text and "_rs_" in text
     assert "would copy the result" in text
     expect(a, b, hopmm.matmul(a, b))
-    assert _kernel_names().startswith("hopmm_persistent_bf16_128x192")
+    assert _last_kernel().startswith("hopmm_persistent_bf16_128x192")
     hopmm.use_schedule("persistent_overlap")
     assert "through an aligned buffer" in hopmm.explain(a, b)
     expect(a, b, hopmm.matmul(a, b))
-    assert "_rs_" not in _kernel_names()
+    assert "_rs_" not in _last_kernel()
