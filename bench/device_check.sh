@@ -6,6 +6,8 @@
 # kernel checks compile every kernel first: once each, in one process per CPU). The test files
 # run in DEVICE_CHECK_JOBS (default 4) pytest processes at once (bench/parallel_tests.py).
 # DEVICE_CHECK_BENCH=0 leaves bench.py out (e.g. for a run that is only a sweep).
+# DEVICE_CHECK_INSTALL=0 skips the install (hopmm installed already, e.g. beside a run in the
+# background that has the compiled helper loaded).
 # DEVICE_CHECK_SWEEP="SEED [COUNT [START]]" also runs the shape sweep after the bench:
 #     python3 bench/sweep.py --seed SEED [--count COUNT] [--start START] --out "$BENCH_OUT"
 #         --budget-s "${DEVICE_CHECK_SWEEP_BUDGET_S:-300}"
@@ -41,12 +43,15 @@ for name in ("cupy", "torch", "numpy"):
 EOF
 
 echo "== install"
-if ! python3 -m pip install --no-build-isolation --no-deps -e . > "$LOG_DIR/pip-install.log" 2>&1; then
+if [[ "${DEVICE_CHECK_INSTALL:-1}" == 0 ]]; then
+    echo "install skipped (DEVICE_CHECK_INSTALL=0)"
+elif ! python3 -m pip install --no-build-isolation --no-deps -e . > "$LOG_DIR/pip-install.log" 2>&1; then
     tail -n "$TAIL_LINES" "$LOG_DIR/pip-install.log"
     echo "pip install failed (full log: pip-install.log)"
     exit 1
+else
+    tail -n 1 "$LOG_DIR/pip-install.log"
 fi
-tail -n 1 "$LOG_DIR/pip-install.log"
 
 export HOPMM_CACHE_DIR="${HOPMM_CACHE_DIR:-$(mktemp -d)}"
 

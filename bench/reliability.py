@@ -219,6 +219,7 @@ SOAK_CHAINS = (("relu", True, False), ("gelu", False, True), ("silu", True, True
 # the largest split-K problem drawn (a few MB on the GPU).
 RSS_TOLERANCE_MB = 96
 POOL_TOLERANCE_MB = 256
+SOAK_BAD_SHOWN = 5             # failed checks named in the soak's line
 SEED = 20
 
 
@@ -606,6 +607,16 @@ def fused_keywords(rng: random.Random, case: Case, generator) -> dict:
     return kw
 
 
+def chain_spec(keywords) -> str:
+    """A fused call's chain as a suffix of its case's spec ("" for a plain call)."""
+    if not keywords:
+        return ""
+    parts = [keywords.get("activation") or "identity", f"alpha={keywords['alpha']}"]
+    parts += ["bias"] * ("bias" in keywords)
+    parts += [f"c beta={keywords['beta']}"] * ("c" in keywords)
+    return " [" + ", ".join(parts) + "]"
+
+
 def device_rel_err(got, a, b, keywords=None) -> float:
     """The relative error of `got` against the fp32 product of a and b, through the fused
     chain of `keywords` (matmul's epilogue keywords) where given."""
@@ -823,7 +834,7 @@ def soak(args, results: list) -> None:
                     err = device_rel_err(out, a, b, keywords)
                     checked += 1
                     if not err < TOLERANCE[case.dtype]:
-                        bad.append(f"{case.spec()} rel err {err:.2e}")
+                        bad.append(f"{case.spec()}{chain_spec(keywords)} rel err {err:.2e}")
             except Exception as exc:
                 bad.append(f"{case.spec()}: {type(exc).__name__}: {exc}")
             calls += 1
@@ -843,7 +854,7 @@ def soak(args, results: list) -> None:
               f"{first_sample[1]:.0f} -> {last[1]:.0f} MB (tolerance +{POOL_TOLERANCE_MB}); "
               f"caches {sizes}")
     if bad:
-        detail = f"{len(bad)} bad, first: {bad[0]}; " + detail
+        detail = f"{len(bad)} bad: {'; '.join(bad[:SOAK_BAD_SHOWN])}; " + detail
     emit(results, Result("soak", f"{args.soak_s:.0f} s of random calls",
                          "FAIL" if bad or over or not flat or not calls else "ok",
                          ("; ".join(over) + "; " if over else "") + detail,

@@ -3,6 +3,7 @@ renders, one kernel per schedule with the fullest chain compiles for sm_90a with
 the keywords are validated before anything runs, and whole calls run against the simulated
 GPU of test_cpu_simulated_launch (whose kernel stand-in applies the chain from nothing but the
 kernel's arguments), including repeats through remembered launches."""
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -46,6 +47,32 @@ def test_every_chain_renders_into_name_and_config(activation, bias, has_c):
 def test_unknown_activation_in_a_spec_is_refused():
     with pytest.raises(ValueError, match="unknown activation"):
         EpilogueSpec("tanh")
+
+
+# Each activation's closed form in float64, the truth the fp32 references are held to.
+EXACT_ACTIVATIONS = {
+    "relu": lambda x: np.maximum(x, 0.0),
+    "gelu": lambda x: 0.5 * x * np.vectorize(math.erfc)(-x / math.sqrt(2)),
+    # 0.5 * (1 + tanh(u)) as 1 / (1 + exp(-2u)): even float64 cancels the first form to 0
+    "gelu_tanh": lambda x: x / (1 + np.exp(-2 * math.sqrt(2 / math.pi)
+                                           * (x + 0.044715 * x ** 3))),
+    "silu": lambda x: x / (1 + np.exp(-x)),
+    "sigmoid": lambda x: 1 / (1 + np.exp(-x)),
+}
+
+
+@pytest.mark.parametrize("activation", [a for a in ACTIVATIONS if a])
+def test_reference_activations_keep_their_tails_in_fp32(activation):
+    """The fp32 chain (the CuPy path's and the tests' reference) is relatively accurate far
+    into the negative tail, where 1 + erf or 1 + tanh would cancel to nothing (at x = -5 that
+    form of gelu is off by 30 %), and overflows nowhere."""
+    x = np.linspace(-9.0, 9.0, 3601, dtype=np.float32)
+    with np.errstate(all="raise"):
+        got = epilogue.activate(np, x, activation).astype(np.float64)
+        exact = EXACT_ACTIVATIONS[activation](x.astype(np.float64))
+    nonzero = np.abs(exact) > 1e-30
+    assert np.max(np.abs(got - exact)[nonzero] / np.abs(exact[nonzero])) < 1e-4
+    assert np.all(got[~nonzero] == 0)
 
 
 @pytest.mark.parametrize("name", sorted(SCHEDULES))

@@ -65,6 +65,7 @@ def _fake_cupy():
     m.ascontiguousarray = lambda x: np.ascontiguousarray(x).view(FakeArray)
     m.float32, m.float64 = np.float32, np.float64
     m.maximum, m.exp, m.tanh = np.maximum, np.exp, np.tanh
+    m.where = lambda cond, x, y: np.where(cond, x, y).view(FakeArray)
     m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
     m.ElementwiseKernel = _FakeElementwiseKernel
     m.cuda = types.SimpleNamespace(
