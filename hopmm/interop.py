@@ -107,7 +107,10 @@ def fused_tensors(matmul, a, b, out, keywords: dict):
         k = fastpath.fused_key(*cupy_args, cupy_kwargs)
         recipe = None if k is None else fastpath.lookup(k)
         if isinstance(recipe, fastpath.Recipe) and recipe.in_place:
-            _direct.put(_fused_tensor_key(a, b, out, keywords), recipe)
+            try:
+                _direct.put(_fused_tensor_key(a, b, out, keywords), recipe)
+            except TypeError:   # an unhashable keyword: such calls are never remembered
+                pass
 
     return call_with_tensors(matmul, (a, b, out), keywords, after=remember)
 
@@ -129,25 +132,41 @@ def _fused_tensor_key(a, b, out, keywords: dict):
         if type(x) is not tensor or x.requires_grad or x.get_device() != device:
             return None
         operands.append((x.shape, x.stride(), x.dtype))
-    k = ("fused",) + k + fastpath.keywords_key(keywords, *operands)
+    # Not hashed here: the lookup (_remembered_fused) hashes it once, and takes an
+    # unhashable keyword's TypeError as "not remembered".
+    return ("fused",) + k + fastpath.keywords_key(keywords, *operands)
+
+
+def _remembered_fused(k):
+    """The recipe remembered under fused key k; None where there is none or k holds an
+    unhashable keyword (the full path says what is wrong with it)."""
     try:
-        hash(k)
+        return _direct.get(k)
     except TypeError:
         return None
-    return k
 
 
 def _byte_bounds(x) -> tuple[int, int]:
-    """The bytes a tensor's elements span (layout.byte_bounds of its pointer and strides)."""
-    size = x.element_size()
-    return byte_bounds(x.data_ptr(), tuple(x.shape), tuple(s * size for s in x.stride()), size)
+    """The bytes a tensor's elements span (layout.byte_bounds of its pointer and strides); a
+    contiguous tensor's without arithmetic on its strides."""
+    ptr, size = x.data_ptr(), x.element_size()
+    if x.is_contiguous():
+        return ptr, ptr + x.numel() * size
+    return byte_bounds(ptr, tuple(x.shape), tuple(s * size for s in x.stride()), size)
+
+
+def _empty(torch, shape, dtype, device: int):
+    """A new CUDA tensor on device `device`. The index stands for the device (torch reads an
+    ordinal as one of the current accelerator's): making the a.device object costs about as
+    much as the rest of a direct repeat's checks."""
+    return torch.empty(shape, dtype=dtype, device=device)
 
 
 def _direct_fused_repeat(a, b, out, keywords: dict):
     """The result of a fused repeat through its remembered launches, on the current torch
     stream, with the new bias and c pointers; None where the call takes the full path (no
     recipe, or an out that overlaps A, B, bias or c other than being c itself)."""
-    recipe = _direct.get(_fused_tensor_key(a, b, out, keywords))
+    recipe = _remembered_fused(_fused_tensor_key(a, b, out, keywords))
     if recipe is None:
         return None
     bias, c = keywords["bias"], keywords["c"]
@@ -156,13 +175,12 @@ def _direct_fused_repeat(a, b, out, keywords: dict):
         o = _byte_bounds(out)
         same_as_c = (c_read is not None and out.data_ptr() == c_read.data_ptr()
                      and out.shape == c_read.shape and out.stride() == c_read.stride())
-        others = (a, b, bias) + (() if same_as_c else (c_read,))
-        if any(x is not None and overlaps(o, _byte_bounds(x)) for x in others):
-            return None
+        for x in (a, b, bias, None if same_as_c else c_read):
+            if x is not None and overlaps(o, _byte_bounds(x)):
+                return None
     torch = sys.modules["torch"]
     device = a.get_device()
-    result = out if out is not None else torch.empty(recipe.out_shape, dtype=a.dtype,
-                                                     device=a.device)
+    result = out if out is not None else _empty(torch, recipe.out_shape, a.dtype, device)
     stream = _raw_stream(torch, device)
     pointers = (a.data_ptr(), b.data_ptr(), result.data_ptr(),
                 0 if bias is None else bias.data_ptr(),
@@ -215,8 +233,7 @@ def _direct_repeat(a, b, out):
         return None
     torch = sys.modules["torch"]
     device = a.get_device()
-    result = out if out is not None else torch.empty(recipe.out_shape, dtype=a.dtype,
-                                                     device=a.device)
+    result = out if out is not None else _empty(torch, recipe.out_shape, a.dtype, device)
     if recipe.repeat.run(_raw_stream(torch, device), a.data_ptr(), b.data_ptr(),
                          result.data_ptr()):
         return result

@@ -48,6 +48,12 @@ class FakeTensor:
     def element_size(self):
         return self.array.itemsize
 
+    def is_contiguous(self):
+        return self.array.flags.c_contiguous
+
+    def numel(self):
+        return self.array.size
+
     def get_device(self):
         return 0
 

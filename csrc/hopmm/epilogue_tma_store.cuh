@@ -23,13 +23,16 @@
 namespace hopmm {
 
 // At the start of a tile's main loop, by each consumer thread: the L2 prefetch of the c rows
-// its consumer will store (epilogue_functors.cuh); nothing in a kernel without c.
+// its consumer will store and the L1 prefetch of their bias (epilogue_functors.cuh); nothing
+// in a kernel without them.
 template <class Cfg>
 __device__ __forceinline__ void prefetch_epilogue_operands(const SharedStorage<Cfg>& smem,
                                                            int thread, int row0, int n0, int z) {
     typedef TileShape<Cfg> S;
     EpilogueChain<Cfg>::template prefetch_c<S::kConsumerRows, S::kBlockN>(smem.epilogue, row0,
                                                                           n0, z, thread);
+    EpilogueChain<Cfg>::template prefetch_bias<S::kConsumerRows, S::kBlockN>(smem.epilogue,
+                                                                             row0, n0, thread);
 }
 
 template <class Cfg>
@@ -108,18 +111,20 @@ struct TmaStoreEpilogue {
                             fetched_pair(acc, j + 1, 1, epilogue, frag_row, frag_col, z));
             }
         } else {
-            // A whole box's operands, row by row, fetched before any is used.
+            // A whole box's operands, both of the thread's rows, fetched before any is used:
+            // one wait on their loads a box, not one a row (NOTES v0.25).
             const int j0 = BOX * kGroupsPerBox;  // first 8-column group of the accumulator
             u32 packed[kGroupsPerBox][2];  // [g][h]: group j0 + g, row frag_row + 8 h
+            u32 c[2][kGroupsPerBox], bias[2][kGroupsPerBox];
 #pragma unroll
-            for (int h = 0; h < 2; ++h) {
-                u32 c[kGroupsPerBox], bias[kGroupsPerBox];
+            for (int h = 0; h < 2; ++h)
                 EpilogueChain<Cfg>::template fetch_row<kGroupsPerBox, 8>(
-                    epilogue, frag_row + 8 * h, frag_col + 8 * j0, z, c, bias);
+                    epilogue, frag_row + 8 * h, frag_col + 8 * j0, z, c[h], bias[h]);
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
 #pragma unroll
                 for (int g = 0; g < kGroupsPerBox; ++g)
-                    packed[g][h] = pair(acc, 4 * (j0 + g) + 2 * h, epilogue, c[g], bias[g]);
-            }
+                    packed[g][h] = pair(acc, 4 * (j0 + g) + 2 * h, epilogue, c[h][g], bias[h][g]);
 #pragma unroll
             for (int g = 0; g < kGroupsPerBox; g += 2) {
                 const int chunk = g + chunk_of_pair;  // 16-byte chunk of the box row

@@ -101,6 +101,19 @@ __device__ __forceinline__ void prefetch_global_l2(const void* address) {
     asm volatile("prefetch.global.L2 [%0];" ::"l"(reinterpret_cast<u64>(address)));
 }
 
+// The same into this SM's L1 (and L2): a later ld.global.nc of the line hits L1.
+__device__ __forceinline__ void prefetch_global_l1(const void* address) {
+    asm volatile("prefetch.global.L1 [%0];" ::"l"(reinterpret_cast<u64>(address)));
+}
+
+// 2^x, MUFU.EX2's approximation (relative error about 2^-22; results below the smallest
+// normal flush to 0).
+__device__ __forceinline__ float ex2_approx(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
 // ---- Global memory between CTAs: ordered accesses, L2-only loads, polling -----------------
 // (PTX ISA 9.7.9.7 ld/st with .acquire/.release, 9.7.13.5 atom; the split-K and gemv
 // reductions hand partial sums from CTA to CTA through these.)
