@@ -194,8 +194,9 @@ struct EpilogueChain {
     // At the start of a tile's main loop: asks this SM's L1 for the bias elements of rows
     // row0 .. row0 + ROWS - 1, columns n0 .. n0 + COLS - 1, where they lie along one run of
     // memory (a row bias of shape (N,), a column bias of shape (M, 1)): the epilogue's bias
-    // loads then hit L1. Waiting on them in L2, once a box, cost 5-9 % of a 128 x 256 tile's
-    // time (NOTES v0.25). `thread` of the warpgroup's kWarpgroupThreads.
+    // loads then hit L1. Timed alone it moved nothing while each load still sat behind its
+    // edge tests; without them its worth is not yet measured (NOTES v0.25). `thread` of the
+    // warpgroup's kWarpgroupThreads.
     template <int ROWS, int COLS>
     __device__ __forceinline__ static void prefetch_bias(const EpilogueArgs& e, int row0, int n0,
                                                          int thread) {
