@@ -453,6 +453,7 @@ class Remembered:
     def put(self, k, value) -> None:
         if k is None:
             return
+        hash(k)   # an unhashable key raises TypeError here, before anything is dropped
         if len(self._entries) >= self.limit:
             self._entries.clear()
         self._entries[k] = (value, generation)

@@ -74,6 +74,10 @@ def test_remembered_values_retire_with_their_generation_and_stay_bounded():
     kept.put("b", 2)
     kept.put("c", 3)
     assert len(kept) == 1 and kept.get("c") == 3 and kept.values() == [3]
+    kept.put("d", 4)
+    with pytest.raises(TypeError):   # an unhashable key is refused before anything is dropped
+        kept.put(("e", [5]), 5)
+    assert len(kept) == 2 and kept.get("c") == 3
 
 
 def test_imports_without_cupy():
