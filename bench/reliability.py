@@ -179,7 +179,7 @@ PROCESSES = 8
 # Two kernels (the heuristic's choices for these shapes): a plain GEMM and a split-K one.
 PROCESS_SHAPES = ("1024x1024x1024", "64x1024x8192")
 THREADS = 16
-DEFAULT_THREADS_S = 45
+DEFAULT_THREADS_S = 60      # a minute of threaded calls, the length the reliability record names
 DEFAULT_SOAK_S = 100
 QUICK_THREADS_S = 10
 QUICK_SOAK_S = 25
