@@ -462,6 +462,18 @@ def products_right(output: str) -> bool:
     return driver is not None and not driver["failures"]
 
 
+def known_reason(tool: str, schedule: str, rc, output: str, detail: str) -> str | None:
+    """Which of initcheck's known blind spots a failed run shows and nothing else (the
+    workspace's, KNOWN_BLIND_SPOT, or a TMA-stored result's, KNOWN_TMA_RESULT); None for a real
+    failure."""
+    if known_blind_spot(tool, schedule, detail):
+        return KNOWN_BLIND_SPOT
+    if (rc == SANITIZER_ERROR_EXIT and reads_of_tma_results_only(tool, output)
+            and products_right(output)):
+        return KNOWN_TMA_RESULT
+    return None
+
+
 def judge_sanitizer_run(rc: int, output: str) -> tuple[str, str]:
     """(status, detail) of one sanitizer run from its exit status and output."""
     summary = next((t.strip() for t in reversed(output.splitlines())
@@ -503,11 +515,9 @@ def sanitize(args, results: list) -> None:
             status, detail = judge_sanitizer_run(rc, output)
         except subprocess.TimeoutExpired:
             status, detail = "FAIL", f"timed out after {SANITIZER_TIMEOUT_S} s"
-        if status == "FAIL" and known_blind_spot(tool, schedule, detail):
-            status, detail = "known", f"{KNOWN_BLIND_SPOT}; {detail}"
-        elif (status == "FAIL" and rc == SANITIZER_ERROR_EXIT
-              and reads_of_tma_results_only(tool, output) and products_right(output)):
-            status, detail = "known", f"{KNOWN_TMA_RESULT}; {detail}"
+        known = known_reason(tool, schedule, rc, output, detail) if status == "FAIL" else None
+        if known is not None:
+            status, detail = "known", f"{known}; {detail}"
         # A run of one shape (SHAPE_BY_SHAPE_TOOLS) is named by it.
         name = f"{tool} {schedule}" + (f" {shapes[0]}" if len(shapes) == 1 else "")
         return Result("sanitize", name, status, f"{len(shapes)} shapes: {detail}",

@@ -325,7 +325,7 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
     s = p.shapes
     chosen_at = fastpath.generation
     ep = p.epilogue
-    overlapping = user_out and (_overlap(result, a) or _overlap(result, b))
+    overlapping = user_out and _overlaps_operands(result, a, b)
     call, store = _stored_call(a, b, s, None if ep is None else ep.spec, result,
                                result.itemsize, overlapping)
     epilogue_ptrs = ()
@@ -370,6 +370,12 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
             copies.get("a"), copies.get("b"), c_buffer, fused=ep is not None), chosen_at)
 
 
+def _overlaps_operands(out, a, b) -> bool:
+    """Whether a caller's out shares memory with A or B (its result then goes through an
+    aligned buffer, and the call is not remembered)."""
+    return _overlap(out, a) or _overlap(out, b)
+
+
 def _overlap(x, y) -> bool:
     """Whether two arrays' byte ranges intersect (also for views that CuPy wraps as separate
     allocations, e.g. from DLPack, which cupy.may_share_memory reports as disjoint)."""
@@ -400,7 +406,7 @@ def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
                if ep.c is not None else []))
         lines.append(f"epilogue: {ep.spec.describe()} ({operands}); {where}")
     if p.path == "kernel":
-        overlapping = out is not None and (_overlap(out, a) or _overlap(out, b))
+        overlapping = out is not None and _overlaps_operands(out, a, b)
         with a.device:
             call, store = _stored_call(a, b, p.shapes, None if ep is None else ep.spec, out,
                                        a.itemsize, overlapping)

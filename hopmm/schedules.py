@@ -233,8 +233,8 @@ class WarpSpecializedSchedule:
     def row_store_fits(cls, cfg: KernelConfig) -> bool:
         """Whether `cfg` can store its output by rows (KernelConfig.row_store): where the
         schedule offers it, and in a kernel of two accumulator sets only where they leave
-        registers to spare (two 64 x 192 sets spilled with it, NOTES v0.24; such a call's
-        result goes through an aligned buffer, in a long main loop that hides the copy)."""
+        registers to spare (two 64 x 192 sets spilled with it, NOTES v0.24; the heuristic
+        moves such calls to the single-set kernel, heuristics.row_store_choice)."""
         return cls.row_store_ok and (cls.accumulator_sets == 1
                                      or cls.epilogue_fetches_boxes(cfg))
 

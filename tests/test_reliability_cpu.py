@@ -270,6 +270,22 @@ def test_initcheck_reads_of_tma_results_are_told_from_hopmms_own(functions, know
     assert not rel.reads_of_tma_results_only("memcheck", output)
 
 
+@pytest.mark.parametrize("schedule,rc,failures,known", [
+    ("persistent", "error exit", 0, "tma result"),
+    ("persistent", "error exit", 1, None),     # a wrong product is never a blind spot
+    ("persistent", 0, 0, None),                # not the sanitizer's error exit
+    ("split_k", "error exit", 1, "workspace"),
+])
+def test_known_reason_names_the_blind_spot_a_failed_run_shows(schedule, rc, failures, known):
+    rc = rel.SANITIZER_ERROR_EXIT if rc == "error exit" else rc
+    output = (_initcheck_report("cupy_copy__bfloat16_float32")
+              + f'{{"cases": 1, "failures": {failures}}}\n')
+    detail = "1 errors: Uninitialized __global__ memory read of size 2 bytes"
+    expected = {"tma result": rel.KNOWN_TMA_RESULT, "workspace": rel.KNOWN_BLIND_SPOT,
+                None: None}[known]
+    assert rel.known_reason("initcheck", schedule, rc, output, detail) == expected
+
+
 def test_initcheck_other_errors_are_not_the_blind_spot():
     output = (_initcheck_report("cupy_copy__bfloat16_float32")
               + "========= Invalid __global__ write of size 2 bytes\n"

@@ -10,8 +10,8 @@
 //
 // Row store (Config::kRowStore): an output whose rows are not 16-byte aligned cannot take a
 // TMA store (it writes whole 16-byte chunks). Such a kernel stages each box the same way, and
-// then its warpgroup copies the box to the output itself, a warp a row at a time, clipped at
-// the output's edge: the result needs no aligned buffer and no copy out (NOTES v0.24).
+// then its warpgroup copies the box to the output itself (store_box_rows), clipped at the
+// output's edge: the result needs no aligned buffer and no copy out (NOTES v0.24).
 //
 // Seed 004: the fence.proxy.async that hands a staged box from the generic proxy (stmatrix)
 // to the async proxy (TMA) is executed by every writing thread, unconditionally, before the
