@@ -32,20 +32,27 @@ DEFAULT_BELOW = 0.97
 TOP = 4   # candidates printed per shape in the --from-sweep lines
 
 
-def sweep_shapes(rows: list, below: float) -> list[tuple[tuple[int, int, int], str]]:
-    """((m, n, k), dtype alias) of a sweep's rows that ran on hopmm's kernels, with rows whose
-    pitches TMA reads in place (no aligned copies: autotune times aligned operands), at less
-    than `below` x the best cuBLAS; slowest first."""
+def sweep_shapes(rows: list, below: float) -> list[tuple[tuple[int, int, int], str, float]]:
+    """((m, n, k), dtype alias, the best cuBLAS TFLOP/s the sweep measured) of a sweep's rows
+    that ran on hopmm's kernels, with rows whose pitches TMA reads in place (no aligned copies:
+    autotune times aligned operands), at less than `below` x the best cuBLAS; slowest first."""
     picked = [r for r in rows
               if r.get("ok") and r.get("rows_aligned")
               and (r.get("plan") or {}).get("path") == "kernel"
               and r.get("hopmm_vs_best", below) < below]
     picked.sort(key=lambda r: r["hopmm_vs_best"])
-    return [((r["m"], r["n"], r["k"]), DTYPE_ALIASES[r["dtype"]]) for r in picked]
+    return [((r["m"], r["n"], r["k"]), DTYPE_ALIASES[r["dtype"]], best_cublas_tflops(r))
+            for r in picked]
 
 
-def pick_line(shape: tuple, dtype: str, pick: str, tflops: dict) -> str:
-    """One shape's line: the heuristic's pick against the fastest candidate, and the top."""
+def best_cublas_tflops(row: dict) -> float:
+    """The faster of cupy.matmul and torch.matmul in a sweep row, in TFLOP/s."""
+    return max(v for name, v in row["tflops"].items() if name != "hopmm" and v)
+
+
+def pick_line(shape: tuple, dtype: str, pick: str, tflops: dict, cublas: float) -> str:
+    """One shape's line: the heuristic's pick against the fastest candidate, the fastest
+    against the sweep's best cuBLAS, and the top."""
     m, n, k = shape
     best = max(tflops, key=tflops.get)
     got = tflops.get(pick)
@@ -53,7 +60,8 @@ def pick_line(shape: tuple, dtype: str, pick: str, tflops: dict) -> str:
     top = sorted(tflops.items(), key=lambda kv: -kv[1])[:TOP]
     return (f"{m}x{n}x{k} {dtype}: pick {pick} "
             f"{'-' if got is None else f'{got:.1f}'} TFLOP/s, {share}; best {best} "
-            f"{tflops[best]:.1f}; top " + "; ".join(f"{name} {tf:.1f}" for name, tf in top))
+            f"{tflops[best]:.1f} ({tflops[best] / cublas:.2f} x the sweep's cuBLAS {cublas:.1f}); "
+            f"top " + "; ".join(f"{name} {tf:.1f}" for name, tf in top))
 
 
 def heuristic_label(shape: tuple, dtype_name: str) -> str:
@@ -70,6 +78,28 @@ def heuristic_label(shape: tuple, dtype_name: str) -> str:
     return tuning.label(heuristics.choose(call.problem, query(cupy.cuda.Device().id)))
 
 
+def precompile(shapes: list) -> None:
+    """Compiles every autotune candidate of `shapes` into the kernel cache, one process per CPU
+    (autotune itself compiles one kernel at a time, which on an empty cache takes longer than
+    the timings)."""
+    import cupy
+
+    from hopmm import layout, operands, report, tuning
+    from hopmm.device import query
+
+    device = query(cupy.cuda.Device().id)
+    cases = set()
+    for (m, n, k), dtype, _ in shapes:
+        name = CUPY_DTYPE_NAMES[dtype]
+        a, b = cupy.empty((m, k), dtype=name), cupy.empty((k, n), dtype=name)
+        problem = operands.kernel_operands(a, b, layout.matmul_shapes(a.shape, b.shape)).problem
+        cases.update((c.schedule, c.config) for c in tuning.candidates(problem, device)
+                     if not getattr(c.schedule, "streaming", False))
+    began = time.time()
+    report.fill_cache(sorted(cases, key=lambda case: (case[0].name, case[1].tag)))
+    print(f"{len(cases)} candidate kernels compiled in {time.time() - began:.0f} s", flush=True)
+
+
 def from_sweep(args) -> int:
     import hopmm
 
@@ -78,8 +108,9 @@ def from_sweep(args) -> int:
     print(f"=== {len(shapes)} shapes of {args.from_sweep} below {args.below} x best cuBLAS: "
           f"every candidate timed alone on aligned operands (TFLOP/s, median of {args.rounds} "
           f"interleaved rounds)")
+    precompile(shapes)
     out, start = [], time.time()
-    for shape, dtype in shapes:
+    for shape, dtype, cublas in shapes:
         if args.budget_s and time.time() - start > args.budget_s:
             print(f"budget of {args.budget_s:.0f} s spent: {len(shapes) - len(out)} shapes left")
             break
@@ -87,8 +118,9 @@ def from_sweep(args) -> int:
         pick = heuristic_label(shape, name)
         (row,) = hopmm.autotune([shape], name, warmup_s=0.05, rounds=args.rounds,
                                 input_sets=2, progress=io.StringIO())
-        print(pick_line(shape, dtype, pick, row["tflops"]), flush=True)
-        out.append(dict(shape=list(shape), dtype=dtype, pick=pick, tflops=row["tflops"]))
+        print(pick_line(shape, dtype, pick, row["tflops"], cublas), flush=True)
+        out.append(dict(shape=list(shape), dtype=dtype, pick=pick, tflops=row["tflops"],
+                        cublas_tflops=cublas))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))
     return 0

@@ -368,19 +368,21 @@ autotune_table = _load("hopmm_autotune_table_under_test", "autotune_table.py")
 def test_sweep_shapes_are_the_slow_kernel_path_ones_in_their_dtypes():
     def row(m, ratio, path="kernel", aligned=True, ok=True, dtype="fp16"):
         return {"m": m, "n": 64, "k": 128, "dtype": dtype, "ok": ok, "rows_aligned": aligned,
-                "plan": {"path": path}, "hopmm_vs_best": ratio}
+                "plan": {"path": path}, "hopmm_vs_best": ratio,
+                "tflops": {"hopmm": 1.0, "cupy": float(m), "torch": m + 0.5}}
 
     rows = [row(1, 0.9), row(2, 0.5, dtype="bf16"), row(3, 0.99), row(4, 0.5, "cupy.matmul"),
             row(5, 0.5, aligned=False), row(6, 0.5, ok=False), row(7, 0.96)]
     assert autotune_table.sweep_shapes(rows, 0.97) == [
-        ((2, 64, 128), "bf16"), ((1, 64, 128), "fp16"), ((7, 64, 128), "fp16")]
-    assert autotune_table.sweep_shapes(rows, 0.6) == [((2, 64, 128), "bf16")]
+        ((2, 64, 128), "bf16", 2.5), ((1, 64, 128), "fp16", 1.5), ((7, 64, 128), "fp16", 7.5)]
+    assert autotune_table.sweep_shapes(rows, 0.6) == [((2, 64, 128), "bf16", 2.5)]
 
 
 def test_pick_line_rates_the_pick_against_the_fastest_candidate():
     line = autotune_table.pick_line((64, 512, 1024), "bf16", "persistent 128x128 s6 g16",
                                     {"persistent 128x128 s6 g16": 80.0,
-                                     "persistent 128x128 s6 g4": 100.0})
+                                     "persistent 128x128 s6 g4": 100.0}, 125.0)
     assert line.startswith("64x512x1024 bf16: pick persistent 128x128 s6 g16 80.0 TFLOP/s, "
-                           "0.800 of the best; best persistent 128x128 s6 g4 100.0")
-    assert "untimed" in autotune_table.pick_line((1, 1, 1), "fp16", "gone", {"a": 1.0})
+                           "0.800 of the best; best persistent 128x128 s6 g4 100.0 (0.80 x "
+                           "the sweep's cuBLAS 125.0)")
+    assert "untimed" in autotune_table.pick_line((1, 1, 1), "fp16", "gone", {"a": 1.0}, 2.0)
