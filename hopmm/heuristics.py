@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from .device import DeviceInfo
+from .device import H100_SXM, DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
@@ -15,36 +15,56 @@ from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_V
                         PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
                         SplitKParallelSchedule, SplitKSchedule)
 
-# M-tiles per raster group: a wave of 132 CTAs then covers 16 x ~8 tiles of 128 x 256, whose
-# k-slices of A and B stay in L2 while the wave runs (groups of 4 read B again on every wave:
-# bench/NOTES.md v0.14).
+# M-tiles per raster group (tile_raster.cuh walks a group column by column). The tiles a wave
+# of CTAs runs at once share the k-slices of A and B they read through L2, so a group is chosen
+# by the wave's footprint: the rows of A and columns of B its tiles cover (_wave_footprint).
+# Where N has many tiles, a wave of 132 CTAs covers 16 x ~8 tiles of 128 x 256 in groups of 16,
+# the smallest footprint (groups of 4 read B again on every wave: bench/NOTES.md v0.14). Where a
+# wave spans whole groups (few N-tiles), every group size covers the same rows and columns, and
+# the smallest, ONE_ROUND_RASTER_GROUP, ran fastest: the N-tiles that share an A tile then run
+# close together rather than on either side of a wave's end (23488 x 256 x 24064: 4 ran 1.17 x
+# 16's speed, 5760 x 1728 x 16576 1.21 x; bench/NOTES.md v0.26). The candidates are
+# RASTER_GROUPS, the smallest taken among equal footprints. The kernels whose clusters load B
+# once for two M-tiles ran fastest with RASTER_GROUP_M on those same problems (v0.26) and keep
+# it.
 RASTER_GROUP_M = 16
+RASTER_GROUPS = (4, 8, 16, 32)
 # Where the whole grid runs in one round (a CTA for every tile and split at once), no tile
-# waits for a later wave and that argument does not hold: groups of 4 M-tiles ran up to 18 %
-# faster than 16 on such problems with several N-tiles, and within 2 % of the best group on
-# each of the 12 such problems autotune timed (bench/NOTES.md v0.23).
+# waits for a later wave: groups of 4 M-tiles ran up to 18 % faster than 16 on such problems
+# with several N-tiles, and within 2 % of the best group on each of the 12 such problems
+# autotune timed (bench/NOTES.md v0.23).
 ONE_ROUND_RASTER_GROUP = 4
 
 # Split-K (SplitKSchedule) gives idle SMs slices of K where the output has too few tiles and
 # K is long; each split costs a serial hand-off, so the split count is the minimum of a time
 # model fitted to H100 timings (bench/NOTES.md "Split-K", v0.11):
-#   time(s) = max(ceil(k_blocks / s) * KBLOCK_US,  A's and B's bytes / DRAM_TBPS,
+#   time(s) = max(ceil(k_blocks / s) * kblock_us(CTAs),  A's and B's bytes / DRAM_TBPS,
 #                 all CTAs' operand tiles / L2_TBPS)  +  (s - 1) * HANDOFF_US
-# KBLOCK_US: one 128x128x64 k-block on one SM when few SMs run; DRAM_TBPS: A and B are read
-# at least once, whatever the split; L2_TBPS: the operand tiles every CTA streams share L2;
-# HANDOFF_US: one hand-off (semaphore, bulk reduce of the partial, release).
-SPLIT_K_KBLOCK_US = 0.3
+# kblock_us: one 128x128x64 k-block on one SM, KBLOCK_US when few SMs run, longer by
+# KBLOCK_LOAD x the share of the SMs that run at once (split_k_kblock_us: the clock falls as
+# more SMs draw power and share L2; split_k ran 0.31 us a k-block with 32 CTAs and 0.37-0.40
+# with 96-108, bench/NOTES.md v0.26); DRAM_TBPS: A and B are read at least once, whatever the
+# split; L2_TBPS: the operand tiles every CTA streams share L2; HANDOFF_US: one hand-off
+# (semaphore, bulk reduce of the partial, release).
+SPLIT_K_KBLOCK_US = 0.28
+SPLIT_K_KBLOCK_LOAD = 0.45
 SPLIT_K_DRAM_TBPS = 3.0
 SPLIT_K_L2_TBPS = 16.0
 SPLIT_K_HANDOFF_US = 3.7
 # Split-K in clusters (SplitKClusterSchedule): the same model, but the splits of a tile add
 # their partials through distributed shared memory all at once, and the grid runs in waves of
 # the clusters the device holds at once (cluster_capacity):
-#   time(s) = max(waves * ceil(k_blocks / s) * KBLOCK_US,  DRAM term,  L2 term)
+#   time(s) = max(waves * ceil(k_blocks / s) * kblock_us(CTAs),  DRAM term,  L2 term)
 #             + waves * CLUSTER_REDUCE_US
 # CLUSTER_REDUCE_US: two cluster barriers and the partials read from the peers; with it the
 # model picks the fastest measured split count of either schedule (bench/NOTES.md v0.13).
+# In clusters of CLUSTER_LOADED_SPLITS or more CTAs the k-block time grows with the CTAs
+# running by CLUSTER_KBLOCK_LOAD instead: 0.33 us with 32 CTAs, 0.41 with 48, 0.44-0.66 with
+# 57-108, where split_k and split_k_parallel ran 0.37-0.45 (cause not established; clusters
+# of 2 ran as split_k did; bench/NOTES.md v0.26).
 SPLIT_K_CLUSTER_REDUCE_US = 2.0
+CLUSTER_LOADED_SPLITS = 3
+CLUSTER_KBLOCK_LOAD = 0.9
 # Taken only when the model predicts at least this gain over one split.
 SPLIT_K_MIN_GAIN = 1.1
 # Every split keeps at least this many k-blocks: shorter splits lost time the model does not
@@ -140,6 +160,18 @@ CLUSTER_MIN_WAVES = 5.0
 CLUSTER_MIN_K_BLOCKS = 64
 CLUSTER_WIDTHS = (256,)
 
+# Products of at most SHORT_TILE_MAX_M rows whose tiles all fit one wave, unsplit: each CTA
+# computes one tile, and the kernel's time is B streamed from DRAM at the rate its tiles read
+# it, not tile-times (which would take the narrowest tile). That rate is the smaller of what
+# the CTAs pull, STREAM_CTA_GBPS each, and the DRAM rate of the tile's reads, STREAM_DRAM_TBPS
+# x STREAM_WIDTH_SPEED: a wider tile reads each row of an N-major B in a longer run. Fitted to
+# the persistent kernel's widths on eight such problems of 64 rows (bench/NOTES.md v0.26:
+# 20-44 CTAs streamed 47-54 GB/s each; with more, 192 ran 1.0-1.08 x 128's rate and 256
+# 1.06-1.11 x); a K-major B is read in 128-byte runs at any width.
+STREAM_CTA_GBPS = 55.0
+STREAM_DRAM_TBPS = 2.4
+STREAM_WIDTH_SPEED = {128: 1.0, 192: 1.05, 256: 1.09}
+
 # Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
 # of an L2 round trip): such a width is taken only where no width gets this many.
 FAST_STAGES = 3
@@ -181,15 +213,26 @@ def _relative_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int
     return waves * shape[0] * shape[1] * tile_time / k_blocks
 
 
+def split_k_kblock_us(ctas: int, sm_count: int, cluster_splits: int = 1) -> float:
+    """A k-block's time on one SM while `ctas` CTAs run at once (the models above): clusters
+    of CLUSTER_LOADED_SPLITS or more CTAs load it by CLUSTER_KBLOCK_LOAD."""
+    load = (CLUSTER_KBLOCK_LOAD if cluster_splits >= CLUSTER_LOADED_SPLITS
+            else SPLIT_K_KBLOCK_LOAD)
+    return SPLIT_K_KBLOCK_US * (1 + load * min(ctas, sm_count) / sm_count)
+
+
 def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int,
-                        operand_bytes: int, clusters: int | None = None) -> float:
+                        operand_bytes: int, clusters: int | None = None,
+                        sm_count: int = H100_SXM.sm_count) -> float:
     """The time models above, in microseconds: split_k's, or with `clusters` (clusters of
     `splits` CTAs the device holds at once) split_k_cluster's."""
-    per_cta = -(-k_blocks // splits) * SPLIT_K_KBLOCK_US
     dram = operand_bytes / (SPLIT_K_DRAM_TBPS * 1e6)
     l2 = tiles * k_blocks * stage_bytes / (SPLIT_K_L2_TBPS * 1e6)
     if clusters is None:
+        per_cta = -(-k_blocks // splits) * split_k_kblock_us(tiles * splits, sm_count)
         return max(per_cta, dram, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
+    per_cta = -(-k_blocks // splits) * split_k_kblock_us(min(tiles, clusters) * splits,
+                                                         sm_count, splits)
     waves = -(-tiles // clusters)
     reduce = SPLIT_K_CLUSTER_REDUCE_US if splits > 1 else 0.0
     return max(waves * per_cta, dram, l2) + waves * reduce
@@ -264,18 +307,19 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
                 clusters = device.sm_count // splits
             if not clusters:
                 continue
-        out[splits] = split_k_estimate_us(tiles, k_blocks, splits, stage, operands, clusters)
+        out[splits] = split_k_estimate_us(tiles, k_blocks, splits, stage, operands, clusters,
+                                          device.sm_count)
     return out
 
 
-def _one_split_us(problem: Problem) -> float:
+def _one_split_us(problem: Problem, device: DeviceInfo) -> float:
     """The model's time of the unsplit 128 x 128 tile: what splitting must beat by
     SPLIT_K_MIN_GAIN."""
     k_blocks = -(-problem.k // TMA_BOX_ELEMS)
     operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
     stage = (BLOCK_M + UNSPLIT_BLOCK_N) * TMA_BOX_ELEMS * ELEM_BYTES
     return split_k_estimate_us(_tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N), k_blocks, 1, stage,
-                               operands)
+                               operands, sm_count=device.sm_count)
 
 
 def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
@@ -303,7 +347,7 @@ def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
     if not estimates:
         return 1, None
     best = min(estimates, key=lambda s: (estimates[s], s))
-    if forced or _one_split_us(problem) / estimates[best] >= SPLIT_K_MIN_GAIN:
+    if forced or _one_split_us(problem, device) / estimates[best] >= SPLIT_K_MIN_GAIN:
         return best, estimates[best]
     return 1, None
 
@@ -642,7 +686,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
             why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
                    f"spans two cache lines: clusters of {UNALIGNED_B_SCHEDULE.cluster_size} CTAs "
                    f"share each B tile and load it once; {why}")
-            group = _raster_group(problem, cfg, device)
+            group = _raster_group(problem, cfg, device, clustered=True)
             return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
                           group)
     # The persistent schedule ran at least as fast as one tile per CTA (bench/NOTES.md v0.3).
@@ -662,6 +706,11 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
+    streamed = _streamed_tile(problem, device) if schedule is None else None
+    if streamed is not None:
+        cfg, why = streamed
+        group = _raster_group(problem, cfg, device)
+        return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
     if schedule is None and long_k and cfg.block_n in OVERLAP_WIDTHS and \
             cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
@@ -683,8 +732,38 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
             if paired is not None:
                 sched, cfg, pairing = paired
                 why = f"{why}; {pairing}"
-    group = _raster_group(problem, cfg, device)
+    group = _raster_group(problem, cfg, device, clustered=sched.cluster_size > 1)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
+
+
+def stream_tbps(problem: Problem, device: DeviceInfo, block_n: int) -> float:
+    """The rate (TB/s) at which the persistent kernel's BLOCK_M x block_n tiles stream B for a
+    problem of one wave of them (the model above STREAM_CTA_GBPS)."""
+    ctas = _tiles(problem, BLOCK_M, block_n)
+    runs = STREAM_WIDTH_SPEED[block_n] if problem.trans_b else 1.0
+    return min(STREAM_DRAM_TBPS * runs, ctas * STREAM_CTA_GBPS / 1e3)
+
+
+def _streamed_tile(problem: Problem, device: DeviceInfo):
+    """(config, why) of the persistent kernel's width that streams B fastest
+    (stream_tbps; the narrower on a tie), for a problem of at most SHORT_TILE_MAX_M rows
+    whose tiles fit one wave at every width; else None."""
+    if problem.m > SHORT_TILE_MAX_M or _tiles(problem, BLOCK_M, min(STREAM_WIDTH_SPEED)) \
+            > device.sm_count:
+        return None
+    sched = PersistentSchedule
+    configs = {n: sched.deepest(problem.dtype, n, problem.trans_a, problem.trans_b,
+                                device.smem_per_block_optin)
+               for n in sorted(STREAM_WIDTH_SPEED)}
+    rates = {n: stream_tbps(problem, device, n) for n, cfg in configs.items()
+             if cfg is not None and cfg.stages >= FAST_STAGES}
+    if not rates:
+        return None
+    width = max(rates, key=lambda n: (rates[n], -n))
+    why = (f"{problem.m} rows stream B: {_tiles(problem, BLOCK_M, width)} tiles of "
+           f"{BLOCK_M}x{width} in one wave read it at {rates[width]:.2f} TB/s by the stream "
+           f"model (" + ", ".join(f"{n}: {r:.2f}" for n, r in sorted(rates.items())) + ")")
+    return configs[width], why
 
 
 def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int],
@@ -761,14 +840,36 @@ def dual_b_choice(schedule, problem: Problem, device: DeviceInfo) -> Choice:
     return Choice(schedule, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
+def _wave_footprint(group: int, tiles_m: int, tiles_n: int, wave: int,
+                    tile: tuple[int, int]) -> int:
+    """Rows of A plus columns of B that `wave` consecutive tiles of the grouped order cover
+    (tile_raster.cuh: `group` M-tiles, column by column), for a wave that starts on a group:
+    a wave inside one group covers `group` rows of tiles and as many columns as it fills; a
+    wave of whole groups covers all N-tiles and the rows of its groups."""
+    group = min(group, tiles_m)
+    if group * tiles_n >= wave:
+        rows, cols = group, -(-wave // group)
+    else:
+        rows, cols = min(tiles_m, -(-wave // tiles_n)), tiles_n
+    return rows * tile[0] + cols * tile[1]
+
+
 def _raster_group(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
-                  splits: int = 1) -> int:
+                  splits: int = 1, clustered: bool = False) -> int:
     """M-tiles per raster group: ONE_ROUND_RASTER_GROUP where every CTA of the grid (a tile's
-    splits, the batch) is resident at once, else RASTER_GROUP_M; all of them where there are
-    fewer."""
+    splits, the batch) is resident at once; else, for kernels of clustered tiles,
+    RASTER_GROUP_M, and for the others the smallest of RASTER_GROUPS whose wave (the tiles of
+    sm_count // splits CTAs) has the smallest footprint; all M-tiles where there are fewer."""
     tiles_m = -(-problem.m // cfg.block_m)
-    ctas = tiles_m * -(-problem.n // cfg.block_n) * splits * problem.batch
-    group = ONE_ROUND_RASTER_GROUP if ctas <= device.sm_count else RASTER_GROUP_M
+    tiles_n = -(-problem.n // cfg.block_n)
+    if tiles_m * tiles_n * splits * problem.batch <= device.sm_count:
+        return min(ONE_ROUND_RASTER_GROUP, tiles_m)
+    if clustered:
+        return min(RASTER_GROUP_M, tiles_m)
+    wave = max(1, device.sm_count // splits)
+    tile = (cfg.block_m, cfg.block_n)
+    group = min(RASTER_GROUPS, key=lambda g: (_wave_footprint(g, tiles_m, tiles_n, wave, tile),
+                                              g))
     return min(group, tiles_m)
 
 

@@ -31,8 +31,8 @@ from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, GemvSchedule, SplitKParal
 from .timing import interleaved_medians, sustained_medians
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
-# The heuristic's groups (heuristics.RASTER_GROUP_M, ONE_ROUND_RASTER_GROUP) and alternatives.
-RASTER_GROUPS = (4, 8, 16, 32)
+# The heuristic's groups (heuristics.RASTER_GROUPS).
+RASTER_GROUPS = heuristics.RASTER_GROUPS
 # The fastest candidates in the interleaved timings are timed again alone
 # (timing.sustained_medians) where a problem runs at the power limit (at least 2 x 2048³
 # flops, as bench.py's sustained rounds), and the fastest of them alone wins.

@@ -92,15 +92,49 @@ def test_raster_groups_m_tiles():
 def test_one_round_grids_take_groups_of_four(m, n, k):
     """Every CTA resident at once (tiles x splits <= SMs): groups of 4 M-tiles (v0.23:
     2432 x 704 x 9472 512 against 433 TFLOP/s with 16); a batch that takes the grid past one
-    round, or a problem of many waves, keeps RASTER_GROUP_M (all M-tiles where fewer)."""
+    round, or a problem of many waves, takes its group by the wave's footprint."""
     c = choose(m, n, k)
     tiles_m = -(-m // c.config.block_m)
     assert tiles_m * -(-n // c.config.block_n) * c.splits <= H100_SXM.sm_count
     assert c.raster_group == heuristics.ONE_ROUND_RASTER_GROUP
-    batched = choose(m, n, k, batch=16)
-    assert batched.raster_group == min(heuristics.RASTER_GROUP_M,
-                                       -(-m // batched.config.block_m))
     assert choose(4096, 14336, 4096).raster_group == heuristics.RASTER_GROUP_M
+
+
+def test_wave_footprint_counts_the_rows_and_columns_a_wave_covers():
+    # Inside one group: 16 rows of tiles, ceil(132 / 16) = 9 columns.
+    assert heuristics._wave_footprint(16, 64, 32, 132, (128, 256)) == 16 * 128 + 9 * 256
+    # Whole groups of 4 x 32 tiles: every column, and the rows of ceil(132 / 32) = 5 tiles.
+    assert heuristics._wave_footprint(4, 64, 32, 132, (128, 256)) == 5 * 128 + 32 * 256
+    # Few N-tiles: any group of at most 66 rows covers the same 66 rows and both columns.
+    assert (heuristics._wave_footprint(4, 184, 2, 132, (128, 128))
+            == heuristics._wave_footprint(32, 184, 2, 132, (128, 128)) == 66 * 128 + 2 * 128)
+    # A group is never taller than the problem.
+    assert heuristics._wave_footprint(16, 3, 100, 132, (128, 128)) == 3 * 128 + 44 * 128
+
+
+@pytest.mark.parametrize("m,n,k", [(23488, 256, 24064), (5760, 1728, 16576), (4288, 832, 3200)])
+def test_waves_of_whole_groups_take_the_smallest_group(m, n, k):
+    """Several waves over few N-tiles: every group covers the same rows and columns in a wave,
+    and the smallest ran fastest (v0.26: persistent 128 x 128 at 23488 x 256 x 24064 542
+    against 465 TFLOP/s with 16, at 5760 x 1728 x 16576 643 against 532)."""
+    c = choose(m, n, k)
+    assert c.schedule.cluster_size == 1
+    tiles = -(-m // c.config.block_m) * -(-n // c.config.block_n)
+    assert tiles > H100_SXM.sm_count
+    assert c.raster_group == min(heuristics.RASTER_GROUPS)
+    batched = choose(2432, 704, 9472, batch=16)   # a batch past one round, 3 N-tiles
+    assert batched.raster_group == min(heuristics.RASTER_GROUPS)
+
+
+def test_many_n_tiles_keep_groups_of_sixteen_and_clusters_keep_theirs():
+    """Many N-tiles: a wave inside one group, whose footprint is smallest at 16 rows of 128 x
+    256 tiles (v0.14); the cluster kernels keep RASTER_GROUP_M (v0.26)."""
+    for m, n, k in [(8192, 8192, 8192), (4096, 14336, 4096), (2048, 8192, 8192)]:
+        assert choose(m, n, k).raster_group == heuristics.RASTER_GROUP_M
+    cfg = choose(23488, 256, 24064).config
+    problem = Problem(23488, 256, 24064, 1, "bfloat16")
+    assert heuristics._raster_group(problem, cfg, H100_SXM, clustered=True) == \
+        heuristics.RASTER_GROUP_M
 
 
 @pytest.mark.parametrize("schedule", [None, "persistent_overlap"])
@@ -291,12 +325,31 @@ def test_cluster_model_counts_waves_and_no_hand_offs():
     one_wave = est(16, 256, 8, 32768, operands, clusters=18)
     two_waves = est(16, 256, 8, 32768, operands, clusters=15)
     assert two_waves > one_wave
-    # main loop 9.6 us, L2 8.4, DRAM 11.2: the DRAM term, and one reduction
-    bound = max(32 * heuristics.SPLIT_K_KBLOCK_US, 16 * 256 * 32768 / 16e6, operands / 3e6)
-    assert one_wave == pytest.approx(bound + heuristics.SPLIT_K_CLUSTER_REDUCE_US)
-    # the serial chain pays a hand-off per split instead
+    # 128 CTAs in clusters of 8: main loop 32 x 0.52 = 16.8 us, L2 8.4, DRAM 11.2: the main
+    # loop, and one reduction
+    kblock = heuristics.split_k_kblock_us(128, 132, 8)
+    assert kblock == pytest.approx(heuristics.SPLIT_K_KBLOCK_US
+                                   * (1 + heuristics.CLUSTER_KBLOCK_LOAD * 128 / 132))
+    assert one_wave == pytest.approx(32 * kblock + heuristics.SPLIT_K_CLUSTER_REDUCE_US)
+    # the serial chain pays a hand-off per split instead, at the unclustered k-block time
+    serial = heuristics.split_k_kblock_us(128, 132)
+    assert serial < kblock
+    bound = max(32 * serial, 16 * 256 * 32768 / 16e6, operands / 3e6)
     assert est(16, 256, 8, 32768, operands) == pytest.approx(
         bound + 7 * heuristics.SPLIT_K_HANDOFF_US)
+
+
+def test_k_blocks_slow_down_as_more_sms_run():
+    """bench/NOTES.md v0.26: split_k 0.31 us a k-block with 32 CTAs, 0.37-0.40 with 96-108;
+    split_k_cluster in clusters of 3 or more 0.33 with 32, 0.50 with 105-108; of 2 as
+    split_k."""
+    kb = heuristics.split_k_kblock_us
+    assert kb(32, 132) == pytest.approx(0.31, abs=0.01)
+    assert 0.37 <= kb(108, 132) <= 0.40
+    assert kb(32, 132, 4) == pytest.approx(0.34, abs=0.01)
+    assert kb(108, 132, 3) == pytest.approx(0.49, abs=0.01)
+    assert kb(108, 132, 2) == kb(108, 132)
+    assert kb(500, 132) == kb(132, 132)   # at most every SM runs
 
 
 @pytest.mark.parametrize("m,n,k,batch", [(300, 260, 200, 1), (8192, 8192, 64, 1),
@@ -669,3 +722,47 @@ def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
     decode = Problem(1, 8191, 8192, 1, "bfloat16")
     assert heuristics.row_store_choice(heuristics.choose(decode, dev, "gemv"), decode,
                                        dev) is None
+
+
+# Problems of 64 rows in one wave of tiles, the persistent kernel's widths timed on an H100
+# (bench/NOTES.md v0.26, us; bf16 unless said): (shape, fastest width).
+STREAMED_MEASURED = [
+    ((64, 10304, 3648), 192),    # 128: 35.8, 192: 33.3, 256: 36.0
+    ((64, 9024, 2176), 192),     # fp16; 21.3, 20.1, 23.1
+    ((64, 13952, 5696), 256),    # 64.1, 64.0, 58.0
+    ((64, 11456, 8256), 192),    # 78.9, 73.9, 77.6
+    ((64, 12928, 1536), 256),    # fp16; 19.7, 19.5, 18.7
+    ((64, 5632, 4480), 128),     # fp16; 24.2, 32.8, 42.3 (44 tiles of 128: the CTAs bound it)
+]
+
+
+@pytest.mark.parametrize("shape,width", STREAMED_MEASURED)
+def test_rows_that_stream_b_take_the_width_that_streams_fastest(shape, width):
+    cfg, why = heuristics._streamed_tile(Problem(*shape, 1, "bfloat16"), H100_SXM)
+    assert (cfg.block_m, cfg.block_n) == (128, width)
+    assert "stream B" in why and f"128x{width}" in why
+
+
+def test_streamed_choice_reaches_the_plan_and_only_where_it_applies():
+    c = choose(64, 13952, 5696)
+    assert (c.schedule.name, c.config.block_n) == ("persistent", 256)
+    assert "stream B" in c.reason
+    assert c.raster_group == 1
+    # A K-major B is read in 128-byte runs at every width: the most CTAs stream fastest.
+    k_major, _ = heuristics._streamed_tile(Problem(64, 13952, 5696, 1, "bfloat16",
+                                                   b_major="k"), H100_SXM)
+    assert k_major.block_n == 128
+    # More rows, or more tiles of 128 than a wave holds: the tile-time model decides.
+    assert heuristics._streamed_tile(Problem(65, 13952, 5696, 1, "bfloat16"), H100_SXM) is None
+    assert heuristics._streamed_tile(Problem(64, 17000, 5696, 1, "bfloat16"), H100_SXM) is None
+    # A forced schedule keeps its own tile choice.
+    assert choose(64, 13952, 5696, schedule="persistent").config.block_n == 128
+
+
+def test_stream_rate_is_bounded_by_the_ctas_and_by_the_reads():
+    wide = Problem(64, 256 * 30, 4096, 1, "bfloat16")       # 30 tiles of 256
+    assert heuristics.stream_tbps(wide, H100_SXM, 256) == pytest.approx(
+        30 * heuristics.STREAM_CTA_GBPS / 1e3)
+    many = Problem(64, 256 * 120, 4096, 1, "bfloat16")      # 120 tiles of 256
+    assert heuristics.stream_tbps(many, H100_SXM, 256) == pytest.approx(
+        heuristics.STREAM_DRAM_TBPS * heuristics.STREAM_WIDTH_SPEED[256])

@@ -140,7 +140,7 @@ def test_split_candidates_where_tiles_leave_sms_idle():
     assert len(labels) == len(set(labels)) and "split_k_cluster 128x128 s5 g4 k8" in labels
 
 
-@pytest.mark.parametrize("shape", [(768, 384, 16448), (1024, 576, 8064), (1088, 256, 17920)])
+@pytest.mark.parametrize("shape", [(768, 768, 25600), (1024, 576, 8064), (1088, 256, 17920)])
 def test_candidates_hold_the_heuristics_choice(shape):
     """Split counts of the heuristic's choice that SPLIT_COUNTS does not list (5 and 3 here,
     v0.23) are timed too, so autotune never keeps a config slower than the untuned one."""
