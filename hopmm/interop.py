@@ -35,11 +35,21 @@ _streams: dict = {}
 # Torch calls that repeat through direct launches: _tensor_key -> fastpath.DirectRecipe (or
 # _fused_tensor_key -> fastpath.Recipe).
 _direct = fastpath.Remembered(fastpath.MAX_RECIPES)
+# Where the device index sits in _tensor_key's tuple, and in _fused_tensor_key's ("fused"
+# first).
+TENSOR_KEY_DEVICE = 8
+FUSED_KEY_DEVICE = TENSOR_KEY_DEVICE + 1
 
 
 def _tensor_type():
     torch = sys.modules.get("torch")
     return None if torch is None else torch.Tensor
+
+
+def is_tensor(x) -> bool:
+    """Whether `x` is exactly a torch.Tensor (False, cheaply, when torch is not loaded)."""
+    torch = sys.modules.get("torch")
+    return torch is not None and type(x) is torch.Tensor
 
 
 def has_tensor(values) -> bool:
@@ -123,7 +133,7 @@ def _fused_tensor_key(a, b, out, keywords: dict):
     k = _tensor_key(a, b, out)
     if k is None:
         return None
-    tensor, device = sys.modules["torch"].Tensor, k[8]
+    tensor, device = sys.modules["torch"].Tensor, k[TENSOR_KEY_DEVICE]
     operands = []
     for x in (keywords["bias"], keywords["c"]):
         if x is None:
@@ -166,7 +176,8 @@ def _direct_fused_repeat(a, b, out, keywords: dict):
     """The result of a fused repeat through its remembered launches, on the current torch
     stream, with the new bias and c pointers; None where the call takes the full path (no
     recipe, or an out that overlaps A, B, bias or c other than being c itself)."""
-    recipe = _remembered_fused(_fused_tensor_key(a, b, out, keywords))
+    k = _fused_tensor_key(a, b, out, keywords)
+    recipe = _remembered_fused(k)
     if recipe is None:
         return None
     bias, c = keywords["bias"], keywords["c"]
@@ -179,7 +190,7 @@ def _direct_fused_repeat(a, b, out, keywords: dict):
             if x is not None and overlaps(o, _byte_bounds(x)):
                 return None
     torch = sys.modules["torch"]
-    device = a.get_device()
+    device = k[FUSED_KEY_DEVICE]
     result = out if out is not None else _empty(torch, recipe.out_shape, a.dtype, device)
     stream = _raw_stream(torch, device)
     pointers = (a.data_ptr(), b.data_ptr(), result.data_ptr(),

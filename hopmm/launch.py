@@ -385,7 +385,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     launches = []
     for z0, count in layout.batch_chunks(problem.batch):
         ints = (problem.k, z0, count, a_map.div, a_map.mod, b_map.div, b_map.mod, tiles_m,
-                tiles_n, choice.raster_group) + row_store_ints
+                tiles_n, choice.raster_group, problem.m, problem.n) + row_store_ints
         if cfg.epilogue is not None:
             ints += epilogue.scalars(problem.m, problem.n)
         grid = sched.grid(problem, cfg, count, sm_count, choice.splits)

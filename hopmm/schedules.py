@@ -240,10 +240,11 @@ class WarpSpecializedSchedule:
 
     @staticmethod
     def box_rows(cfg: KernelConfig) -> tuple[int, int]:
-        """Rows (M for A, N for B) of one TMA box of a K-major A and a K-major B: the whole
-        tile (A: the rows it loads), in one box. (MN-major operands are read in 64 x 64
+        """Rows (M for A, N for B) of one TMA box of a K-major A and a K-major B: 64 (A: the
+        rows it loads where fewer), so that a tile's loads can leave out the boxes wholly past
+        the problem's edge (producer_tma.cuh). (MN-major operands are read in 64 x 64
         boxes.)"""
-        return cfg.a_load_rows, cfg.block_n
+        return min(TMA_BOX_ELEMS, cfg.a_load_rows), TMA_BOX_ELEMS
 
     @staticmethod
     def consumer_rows(cfg: KernelConfig) -> int:
@@ -426,8 +427,9 @@ class PersistentClusterSchedule(PersistentSchedule):
 
     @classmethod
     def box_rows(cls, cfg: KernelConfig) -> tuple[int, int]:
-        """A K-major B box is one CTA's 1/cluster_size slice of the shared B tile."""
-        return cfg.block_m, cfg.block_n // cls.cluster_size
+        """A K-major A box is 64 rows, as the unclustered kernels'; a K-major B box is one
+        CTA's 1/cluster_size slice of the shared B tile."""
+        return TMA_BOX_ELEMS, cfg.block_n // cls.cluster_size
 
     @classmethod
     def pairs(cls, problem: Problem, cfg: KernelConfig, batch_count: int) -> int:

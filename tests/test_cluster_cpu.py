@@ -78,8 +78,8 @@ def test_barrier_protocol_in_the_source():
 
 def test_shared_operand_box_is_a_slice_of_the_tile():
     for cfg in CONFIGS:
-        assert Cluster.box_rows(cfg) == (cfg.block_m, cfg.block_n // CLUSTER_PAIR)
-        assert PersistentSchedule.box_rows(cfg) == (cfg.block_m, cfg.block_n)
+        assert Cluster.box_rows(cfg) == (TMA_BOX_ELEMS, cfg.block_n // CLUSTER_PAIR)
+        assert PersistentSchedule.box_rows(cfg) == (TMA_BOX_ELEMS, TMA_BOX_ELEMS)
         # the producer's static_asserts: K-major slices of whole 8-row (1024-byte) swizzle
         # atoms; N-major: at least one 64-wide box per CTA
         assert (cfg.block_n // CLUSTER_PAIR) % 8 == 0
@@ -200,7 +200,7 @@ def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_m, block_n
     (launched,) = launch.build_launches(Choice(Cluster, cfg, "test", 16), problem, a3, one, b3,
                                         one, c3)
     (_, _, _, a_box, *_), (_, b_dims, _, b_box, *_), _ = launched.templates
-    assert a_box == (TMA_BOX_ELEMS, block_m, 1)   # a K-major A tile in one box
+    assert a_box == (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1)   # a K-major A tile in 64-row boxes
     # K-major B: a box of half the tile's rows; N-major B: 64 x 64 boxes as always.
     assert b_box == ((TMA_BOX_ELEMS, block_n // CLUSTER_PAIR, 1) if b_major == "k"
                      else (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1))
@@ -209,7 +209,7 @@ def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_m, block_n
     # 3 M tiles of 128 rows -> 2 pairs per N column, 2 of 192 rows -> 1 pair
     assert launched.grid == (CLUSTER_PAIR * -(-tiles_m // CLUSTER_PAIR) * tiles_n, 1, 1)
     assert launched.block_x == (1 + block_m // 64) * 128
-    assert launched.ints[7:] == (tiles_m, tiles_n, 16)
+    assert launched.ints[7:] == (tiles_m, tiles_n, 16, m, n)
 
 
 def test_autotune_entry_of_the_cluster_schedule_round_trips(tmp_path, monkeypatch):

@@ -193,15 +193,15 @@ class SimulatedLaunch:
             self.gemv_ints = tuple(ints)
             return
         (self.k, self.z0, self.count, self.a_div, self.a_mod, self.b_div, self.b_mod,
-         self.tiles_m, self.tiles_n, self.group) = ints[:10]
+         self.tiles_m, self.tiles_n, self.group, self.m, self.n) = ints[:12]
         # A row-store kernel (C's map parameter an address only) takes the output's extent
         # and element strides next (epilogue.ROW_STORE_PARAMS).
         self.row_store = map_templates[2] is launch.ADDRESS_SLOT
         assert self.row_store == ("_rs_" in _kernel_name(function))
-        self.row_store_ints = tuple(ints[10:14]) if self.row_store else None
+        self.row_store_ints = tuple(ints[12:16]) if self.row_store else None
         # A fused epilogue's scalars follow (hopmm/epilogue.py, FusedEpilogue.scalars), and
         # its bias and c pointers come last at launch.
-        self.epilogue_ints = tuple(ints[14 if self.row_store else 10:])
+        self.epilogue_ints = tuple(ints[16 if self.row_store else 12:])
         self.epilogue_spec = _epilogue_spec(function)
         assert bool(self.epilogue_ints) == (self.epilogue_spec is not None)
 
@@ -240,9 +240,10 @@ class SimulatedLaunch:
         a, b, c = (_view(p, d, s, dt) for p, d, s in
                    ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
         a_k_major, b_n_major = self.a_k_major, self.b_n_major
-        assert a_box[1] == (BLOCK_M if a_k_major else TMA_BOX_ELEMS)
+        assert a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (64-wide ones where M-major)
         n, m = c_dims[0], c_dims[1]
         assert self.tiles_m == -(-m // BLOCK_M) and self.k == (a_dims[0] if a_k_major else a_dims[1])
+        assert (self.m, self.n) == (m, n)   # the extent whose edge the producer's loads stop at
         for z in range(self.z0, self.z0 + self.count):
             za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
             am = a[za] if a_k_major else a[za].T          # (m, k)
@@ -400,8 +401,9 @@ class SimulatedLaunch:
         consumers = self.block_x // 128 - 1
         block_m = 64 * consumers
         assert self.tiles_m == -(-m // block_m)
-        if self.a_k_major:   # a K-major A box holds the rows the kernel loads: at most block_m
-            assert a_box[1] <= block_m and a_box[1] % 8 == 0 and (a_box[1] == block_m or m <= a_box[1])
+        if self.a_k_major:   # K-major A boxes of 64 rows, or of all the rows the kernel loads
+            assert a_box[1] <= TMA_BOX_ELEMS and a_box[1] % 8 == 0 and \
+                (a_box[1] == TMA_BOX_ELEMS or m <= a_box[1])
         assert w_type == 7 and w_box == (32, 64, 1) and w_dims[2] == count * splits
         assert w_dims[1] == self.tiles_m * block_m and w_map_ptr == w_ptr
         ws = _view(w_ptr, w_dims, w_str, np.dtype(np.float32))

@@ -199,3 +199,29 @@ def test_split_k_repeats_take_the_full_path(torch_on_simulated_gpu):
         _close(y, _f32(a) @ _f32(w) + _f32(bias))
     assert "split_k" in hopmm.explain(a.array, w.array, bias=bias.array)
     assert len(converted) == 6 and not interop._direct
+
+
+def test_keys_hold_the_device_where_the_repeat_reads_it(torch_on_simulated_gpu):
+    a, b = tensor((16, 32)), tensor((32, 8))
+    k = interop._tensor_key(a, b, None)
+    assert k[interop.TENSOR_KEY_DEVICE] == a.get_device() == 0
+    kw = dict(bias=tensor((8,)), c=None, activation="relu", alpha=1.0, beta=0.0)
+    fused = interop._fused_tensor_key(a, b, None, kw)
+    assert fused[0] == "fused" and fused[interop.FUSED_KEY_DEVICE] == 0
+    assert fused[1:len(k) + 1] == k
+
+
+def test_torch_a_goes_to_interop_before_the_cupy_fast_path(torch_on_simulated_gpu,
+                                                           monkeypatch):
+    cupy_path = fastpath.repeat_fused
+
+    def cupy_only(a, *args):
+        # The full path converts the tensors and calls matmul again with cupy views.
+        assert not isinstance(a, FakeTensor), "the cupy fast path was asked about a tensor"
+        return cupy_path(a, *args)
+
+    monkeypatch.setattr(fastpath, "repeat_fused", cupy_only)
+    a, w, bias = tensor((40, 24)), tensor((24, 16)), tensor((16,))
+    for _ in range(2):
+        y = hopmm.matmul(a, w, bias=bias, activation="relu")
+        _close(y, np.maximum(_f32(a) @ _f32(w) + _f32(bias), 0))

@@ -39,7 +39,8 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
     int ring = 0;
     for (int t = walk.first(); t < walk.end; t += walk.stride()) {
         const TileCoord c = walk.coord(t);
-        Producer::load_tile(map_a, map_b, smem, c.m_tile * S::kBlockM, c.n_tile * S::kBlockN,
+        const int m0 = c.m_tile * S::kBlockM, n0 = c.n_tile * S::kBlockN;
+        Producer::load_tile(map_a, map_b, smem, m0, n0, walk.raster.m - m0, walk.raster.n - n0,
                             batch_a(c.z), batch_b(c.z), num_k_blocks, ring, 0, map_b2);
     }
     grid_launch_dependents();  // the last load is issued

@@ -26,7 +26,7 @@ namespace hopmm {
 template <int CLUSTER>
 __device__ __forceinline__ GroupedRaster cluster_raster(GroupedRaster tiles) {
     return GroupedRaster{(tiles.tiles_m + CLUSTER - 1) / CLUSTER, tiles.tiles_n,
-                         (tiles.group + CLUSTER - 1) / CLUSTER};
+                         (tiles.group + CLUSTER - 1) / CLUSTER, tiles.m, tiles.n};
 }
 
 // The tiles one CTA of a cluster computes: the cluster walks pairs p = first(), first() +

@@ -44,8 +44,8 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
             if (gridDim.y > 1) tma_prefetch_map(map_w);
-            Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), slice.count,
-                                ring, slice.first);
+            Producer::load_tile(map_a, map_b, smem, m0, n0, raster.m - m0, raster.n - n0,
+                                batch_a(z), batch_b(z), slice.count, ring, slice.first);
             grid_launch_dependents();  // the last load is issued
         }
     } else {

@@ -34,8 +34,8 @@ __device__ __forceinline__ void split_k_cluster_gemm(const TensorMap* map_a,
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
-            Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), slice.count,
-                                ring, slice.first);
+            Producer::load_tile(map_a, map_b, smem, m0, n0, raster.m - m0, raster.n - n0,
+                                batch_a(z), batch_b(z), slice.count, ring, slice.first);
             grid_launch_dependents();  // the last load is issued
         }
         Epilogue::producer_join();

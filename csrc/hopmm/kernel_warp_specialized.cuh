@@ -29,7 +29,8 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
         if (thread == 0) {
-            Producer::load_tile(map_a, map_b, smem, m0, n0, batch_a(z), batch_b(z), num_k_blocks, ring);
+            Producer::load_tile(map_a, map_b, smem, m0, n0, raster.m - m0, raster.n - n0,
+                                batch_a(z), batch_b(z), num_k_blocks, ring);
             grid_launch_dependents();  // the last load is issued
         }
     } else {

@@ -46,7 +46,7 @@ struct MulticastTmaProducer {
 #pragma unroll
             for (int i = 0; i < kMnBoxes; ++i)
                 if ((i + kb) % S::kClusterSize == rank)
-                    tma_load_3d_multicast(tile + i * Unicast::kMnBoxBytes, map, bar,
+                    tma_load_3d_multicast(tile + i * S::kBBoxBytes, map, bar,
                                           n0 + i * kTmaBoxElems, k0, z, kAllCtas);
         } else {
             tma_load_3d_multicast(tile + rank * kSliceBytes, map, bar, k0,

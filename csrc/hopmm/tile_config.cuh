@@ -90,8 +90,16 @@ struct TileShape {
     static_assert(kARows == kBlockM || !Cfg::kTransA,
                   "an M-major A tile is loaded in 64-row boxes: trimming is for K-major A");
     static_assert(kARows == kBlockM || kClusterSize == 1, "clusters load whole A tiles");
-    // The bytes the producer's TMA loads bring into one stage (its expect_tx).
-    static constexpr u32 kStageLoadBytes = kARows * kBlockK * kElemBytes + kBOperands * kBBytes;
+    // An operand's stage tile is loaded in TMA boxes, each kBlockK deep: 64 rows of a K-major
+    // tile (A: all kARows where fewer) or 64 columns of an MN-major one, stacked in the order
+    // of their rows, so that a tile's loads can leave out the boxes wholly past M or N
+    // (TmaProducer::load_tile). TMA counts a box's zero-filled part as loaded bytes.
+    static constexpr int kABoxRows = kARows < kTmaBoxElems ? kARows : kTmaBoxElems;
+    static_assert(kARows % kABoxRows == 0, "A's loaded rows are whole boxes");
+    static constexpr int kABoxes = kARows / kABoxRows;
+    static constexpr u32 kABoxBytes = kABoxRows * kBlockK * kElemBytes;
+    static constexpr int kBBoxes = kBlockN / kTmaBoxElems;
+    static constexpr u32 kBBoxBytes = kTmaBoxElems * kBlockK * kElemBytes;
     // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
     // rows x 128 bytes, between 1 and the consumer's whole part of the tile (kCBoxesPerConsumer).
     static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;

@@ -17,6 +17,7 @@ struct GroupedRaster {
     int tiles_m;
     int tiles_n;
     int group;  // M-tiles per group, >= 1
+    int m, n;   // the output's extent, which the tiles cover (the last ones past it)
 
     // Tile coordinates of the linear tile index `t`; a bijection on [0, tiles_m * tiles_n).
     __device__ __forceinline__ void tile(int t, int& m_tile, int& n_tile) const {
