@@ -321,9 +321,10 @@ class KernelLaunch {
     // A, B and C; split-K's workspace or the shared-A kernel's second B and C.
     static constexpr size_t kMaxMaps = 5;
     static constexpr size_t kMaxPointers = 4;
-    // The raster's 10 integers and a fused epilogue's 9 (extents, strides, alpha and beta
-    // as fp32 bits), with room to spare.
-    static constexpr size_t kMaxInts = 24;
+    // The kernel's 12 integers (K, the batch mapping, the raster, the output's extent), a row
+    // store's 4 and a fused epilogue's 9 (extents, strides, alpha and beta as fp32 bits), with
+    // room to spare (tests/test_row_store_cpu.py counts the fullest kernel's).
+    static constexpr size_t kMaxInts = 32;
     static constexpr std::array<uint32_t, 3> kNoCluster{1, 1, 1};
 
     KernelLaunch(uint64_t function, const py::sequence& grid, uint32_t block_x,

@@ -160,18 +160,6 @@ CLUSTER_MIN_WAVES = 5.0
 CLUSTER_MIN_K_BLOCKS = 64
 CLUSTER_WIDTHS = (256,)
 
-# Products of at most SHORT_TILE_MAX_M rows whose tiles all fit one wave, unsplit: each CTA
-# computes one tile, and the kernel's time is B streamed from DRAM at the rate its tiles read
-# it, not tile-times (which would take the narrowest tile). That rate is the smaller of what
-# the CTAs pull, STREAM_CTA_GBPS each, and the DRAM rate of the tile's reads, STREAM_DRAM_TBPS
-# x STREAM_WIDTH_SPEED: a wider tile reads each row of an N-major B in a longer run. Fitted to
-# the persistent kernel's widths on eight such problems of 64 rows (bench/NOTES.md v0.26:
-# 20-44 CTAs streamed 47-54 GB/s each; with more, 192 ran 1.0-1.08 x 128's rate and 256
-# 1.06-1.11 x); a K-major B is read in 128-byte runs at any width.
-STREAM_CTA_GBPS = 55.0
-STREAM_DRAM_TBPS = 2.4
-STREAM_WIDTH_SPEED = {128: 1.0, 192: 1.05, 256: 1.09}
-
 # Stages below which a main loop waits on its loads (two k-blocks of latency cover too little
 # of an L2 round trip): such a width is taken only where no width gets this many.
 FAST_STAGES = 3
@@ -238,14 +226,21 @@ def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int
     return max(waves * per_cta, dram, l2) + waves * reduce
 
 
+def _past_edge(extent: int, tile_rows: int, box_rows: int) -> int:
+    """Rows the last tile's loads zero-fill past `extent`: the rest of its last box that
+    holds any of the operand's rows (the boxes wholly past the edge are not loaded:
+    producer_tma.cuh)."""
+    held = extent % tile_rows or tile_rows
+    return -(-held // box_rows) * box_rows - held
+
+
 def zero_filled_rows(problem: Problem, cfg: KernelConfig) -> int:
     """Rows of A and B tiles TMA zero-fills past the problem's edges in its worst tile (the
     one at both edges): the A rows loaded past M and the B rows past N."""
-    a_rows = cfg.a_load_rows - problem.m % cfg.a_load_rows if problem.m % cfg.a_load_rows else 0
-    if cfg.a_rows is not None:
-        a_rows = max(0, cfg.a_rows - problem.m)
-    b_rows = cfg.block_n - problem.n % cfg.block_n if problem.n % cfg.block_n else 0
-    return a_rows + b_rows
+    a_box, b_box = min(TMA_BOX_ELEMS, cfg.a_load_rows), TMA_BOX_ELEMS
+    a_rows = _past_edge(min(problem.m, cfg.a_load_rows) if cfg.a_rows is not None
+                        else problem.m, cfg.a_load_rows, a_box)
+    return a_rows + _past_edge(problem.n, cfg.block_n, b_box)
 
 
 def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int],
@@ -706,11 +701,6 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
-    streamed = _streamed_tile(problem, device) if schedule is None else None
-    if streamed is not None:
-        cfg, why = streamed
-        group = _raster_group(problem, cfg, device)
-        return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
     if schedule is None and long_k and cfg.block_n in OVERLAP_WIDTHS and \
             cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
@@ -734,36 +724,6 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
                 why = f"{why}; {pairing}"
     group = _raster_group(problem, cfg, device, clustered=sched.cluster_size > 1)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
-
-
-def stream_tbps(problem: Problem, device: DeviceInfo, block_n: int) -> float:
-    """The rate (TB/s) at which the persistent kernel's BLOCK_M x block_n tiles stream B for a
-    problem of one wave of them (the model above STREAM_CTA_GBPS)."""
-    ctas = _tiles(problem, BLOCK_M, block_n)
-    runs = STREAM_WIDTH_SPEED[block_n] if problem.trans_b else 1.0
-    return min(STREAM_DRAM_TBPS * runs, ctas * STREAM_CTA_GBPS / 1e3)
-
-
-def _streamed_tile(problem: Problem, device: DeviceInfo):
-    """(config, why) of the persistent kernel's width that streams B fastest
-    (stream_tbps; the narrower on a tie), for a problem of at most SHORT_TILE_MAX_M rows
-    whose tiles fit one wave at every width; else None."""
-    if problem.m > SHORT_TILE_MAX_M or _tiles(problem, BLOCK_M, min(STREAM_WIDTH_SPEED)) \
-            > device.sm_count:
-        return None
-    sched = PersistentSchedule
-    configs = {n: sched.deepest(problem.dtype, n, problem.trans_a, problem.trans_b,
-                                device.smem_per_block_optin)
-               for n in sorted(STREAM_WIDTH_SPEED)}
-    rates = {n: stream_tbps(problem, device, n) for n, cfg in configs.items()
-             if cfg is not None and cfg.stages >= FAST_STAGES}
-    if not rates:
-        return None
-    width = max(rates, key=lambda n: (rates[n], -n))
-    why = (f"{problem.m} rows stream B: {_tiles(problem, BLOCK_M, width)} tiles of "
-           f"{BLOCK_M}x{width} in one wave read it at {rates[width]:.2f} TB/s by the stream "
-           f"model (" + ", ".join(f"{n}: {r:.2f}" for n, r in sorted(rates.items())) + ")")
-    return configs[width], why
 
 
 def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int],

@@ -630,9 +630,14 @@ def test_parallel_model_terms():
 
 
 def test_zero_filled_rows_of_the_worst_tile():
+    """Only the last loaded 64-row box of an edge tile is zero-filled past the edge: boxes
+    wholly past it are not loaded (producer_tma.cuh)."""
     p = Problem(100, 3000, 3000, 1, "bfloat16")
     cfg = SplitKParallelSchedule.deepest("bfloat16", 128, False, True, 232448)
-    assert heuristics.zero_filled_rows(p, cfg) == 28 + 72
+    # 100 rows: two boxes, 28 past M; 3000 % 128 = 56 columns: one box, 8 past N
+    assert heuristics.zero_filled_rows(p, cfg) == 28 + 8
+    assert heuristics.zero_filled_rows(Problem(192, 320, 64, 1, "bfloat16"), cfg) == 0
+    assert heuristics.zero_filled_rows(Problem(256, 384, 64, 1, "bfloat16"), cfg) == 0
     short = SplitKParallelSchedule.deepest("bfloat16", 128, False, True, 232448, 64)
     trimmed = SplitKParallelSchedule.trimmed_config(short, 5)
     assert trimmed.a_rows == TRIMMED_A_ROWS[0]
@@ -722,47 +727,3 @@ def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
     decode = Problem(1, 8191, 8192, 1, "bfloat16")
     assert heuristics.row_store_choice(heuristics.choose(decode, dev, "gemv"), decode,
                                        dev) is None
-
-
-# Problems of 64 rows in one wave of tiles, the persistent kernel's widths timed on an H100
-# (bench/NOTES.md v0.26, us; bf16 unless said): (shape, fastest width).
-STREAMED_MEASURED = [
-    ((64, 10304, 3648), 192),    # 128: 35.8, 192: 33.3, 256: 36.0
-    ((64, 9024, 2176), 192),     # fp16; 21.3, 20.1, 23.1
-    ((64, 13952, 5696), 256),    # 64.1, 64.0, 58.0
-    ((64, 11456, 8256), 192),    # 78.9, 73.9, 77.6
-    ((64, 12928, 1536), 256),    # fp16; 19.7, 19.5, 18.7
-    ((64, 5632, 4480), 128),     # fp16; 24.2, 32.8, 42.3 (44 tiles of 128: the CTAs bound it)
-]
-
-
-@pytest.mark.parametrize("shape,width", STREAMED_MEASURED)
-def test_rows_that_stream_b_take_the_width_that_streams_fastest(shape, width):
-    cfg, why = heuristics._streamed_tile(Problem(*shape, 1, "bfloat16"), H100_SXM)
-    assert (cfg.block_m, cfg.block_n) == (128, width)
-    assert "stream B" in why and f"128x{width}" in why
-
-
-def test_streamed_choice_reaches_the_plan_and_only_where_it_applies():
-    c = choose(64, 13952, 5696)
-    assert (c.schedule.name, c.config.block_n) == ("persistent", 256)
-    assert "stream B" in c.reason
-    assert c.raster_group == 1
-    # A K-major B is read in 128-byte runs at every width: the most CTAs stream fastest.
-    k_major, _ = heuristics._streamed_tile(Problem(64, 13952, 5696, 1, "bfloat16",
-                                                   b_major="k"), H100_SXM)
-    assert k_major.block_n == 128
-    # More rows, or more tiles of 128 than a wave holds: the tile-time model decides.
-    assert heuristics._streamed_tile(Problem(65, 13952, 5696, 1, "bfloat16"), H100_SXM) is None
-    assert heuristics._streamed_tile(Problem(64, 17000, 5696, 1, "bfloat16"), H100_SXM) is None
-    # A forced schedule keeps its own tile choice.
-    assert choose(64, 13952, 5696, schedule="persistent").config.block_n == 128
-
-
-def test_stream_rate_is_bounded_by_the_ctas_and_by_the_reads():
-    wide = Problem(64, 256 * 30, 4096, 1, "bfloat16")       # 30 tiles of 256
-    assert heuristics.stream_tbps(wide, H100_SXM, 256) == pytest.approx(
-        30 * heuristics.STREAM_CTA_GBPS / 1e3)
-    many = Problem(64, 256 * 120, 4096, 1, "bfloat16")      # 120 tiles of 256
-    assert heuristics.stream_tbps(many, H100_SXM, 256) == pytest.approx(
-        heuristics.STREAM_DRAM_TBPS * heuristics.STREAM_WIDTH_SPEED[256])

@@ -198,3 +198,22 @@ def test_a_call_the_overlap_kernel_would_copy_runs_on_the_single_set_kernel(simu
     assert "through an aligned buffer" in hopmm.explain(a, b)
     expect(a, b, hopmm.matmul(a, b))
     assert "_rs_" not in _last_kernel()
+
+
+def test_the_fullest_kernel_signature_fits_the_launchers_integers():
+    """The launcher (csrc/tensormap.cpp, KernelLaunch) holds at most kMaxInts integer
+    arguments: the fullest kernel (a row store and a fused chain with bias and c) must fit,
+    and build_launches must pass it as many as its signature takes."""
+    from pathlib import Path
+
+    source = (Path(hopmm.__file__).resolve().parent.parent / "csrc" / "tensormap.cpp").read_text()
+    limit = int(re.search(r"kMaxInts = (\d+);", source).group(1))
+    sched = SCHEDULES["persistent"]
+    cfg = replace(sched.deepest("bfloat16", 128, False, True, SMEM), row_store=True,
+                  epilogue=FULLEST)
+    src = sched.render(cfg).source
+    signature = src[src.index(sched.kernel_name(cfg) + "("):]
+    signature = signature[:signature.index(") {")]
+    ints = len(re.findall(r"\b(?:int|float) [a-z_]+", signature))   # 32-bit words each
+    assert ints == 12 + 4 + 9   # the kernel's, the row store's, the fused chain's
+    assert ints <= limit
