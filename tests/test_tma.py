@@ -483,7 +483,7 @@ def make_launch(**kw):
     (dict(grid=(1, 1)), "grid"),
     (dict(map_templates=[GOOD_TEMPLATE] * 6), "at most 5"),
     (dict(map_templates=[GOOD_TEMPLATE[:6]]), "7 fields"),
-    (dict(ints=list(range(25))), "ints"),  # 24 at most: the raster's and an epilogue's
+    (dict(ints=list(range(33))), "ints"),  # 32 at most (test_row_store_cpu counts the need)
     (dict(map_templates=[(9, (64, 64, 1), (128,), (64, 64, 1), 3, 2, 0)]), "strides_bytes"),
     (dict(cluster=(1, 2)), "cluster: 3 ints"),
     (dict(grid=(4, 3, 1), cluster=(1, 2, 1)), "divide the grid"),
