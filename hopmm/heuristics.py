@@ -21,12 +21,12 @@ from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_V
 # Where N has many tiles, a wave of 132 CTAs covers 16 x ~8 tiles of 128 x 256 in groups of 16,
 # the smallest footprint (groups of 4 read B again on every wave: bench/NOTES.md v0.14). Where a
 # wave spans whole groups (few N-tiles), every group size covers the same rows and columns, and
-# the smallest, ONE_ROUND_RASTER_GROUP, ran fastest: the N-tiles that share an A tile then run
-# close together rather than on either side of a wave's end (23488 x 256 x 24064: 4 ran 1.17 x
-# 16's speed, 5760 x 1728 x 16576 1.21 x; bench/NOTES.md v0.26). The candidates are
-# RASTER_GROUPS, the smallest taken among equal footprints. The kernels whose clusters load B
-# once for two M-tiles ran fastest with RASTER_GROUP_M on those same problems (v0.26) and keep
-# it.
+# the smallest group ran fastest: the N-tiles that share an A tile then run close together
+# rather than on either side of a wave's end (persistent 128 x 128: 23488 x 256 x 24064 1.17 x
+# the speed of groups of 16, 5760 x 1728 x 16576 1.21 x; bench/NOTES.md v0.26). The
+# candidates are RASTER_GROUPS, the smallest taken among equal footprints. The kernels whose
+# clusters load B once for two M-tiles ran fastest with RASTER_GROUP_M on those same problems
+# (v0.26) and keep it.
 RASTER_GROUP_M = 16
 RASTER_GROUPS = (4, 8, 16, 32)
 # Where the whole grid runs in one round (a CTA for every tile and split at once), no tile
@@ -58,10 +58,11 @@ SPLIT_K_HANDOFF_US = 3.7
 #             + waves * CLUSTER_REDUCE_US
 # CLUSTER_REDUCE_US: two cluster barriers and the partials read from the peers; with it the
 # model picks the fastest measured split count of either schedule (bench/NOTES.md v0.13).
-# In clusters of CLUSTER_LOADED_SPLITS or more CTAs the k-block time grows with the CTAs
-# running by CLUSTER_KBLOCK_LOAD instead: 0.33 us with 32 CTAs, 0.41 with 48, 0.44-0.66 with
-# 57-108, where split_k and split_k_parallel ran 0.37-0.45 (cause not established; clusters
-# of 2 ran as split_k did; bench/NOTES.md v0.26).
+# In clusters of CLUSTER_LOADED_SPLITS or more CTAs the k-block time grows faster with the
+# CTAs running, by CLUSTER_KBLOCK_LOAD: 0.32-0.36 us with 24-32 CTAs, 0.41 with 48, 0.54-0.63
+# with 64-95, where split_k_parallel ran 0.45-0.51 with 64-76 (cause not established; clusters
+# of 2 ran as split_k did). With SPLIT_K_KBLOCK_LOAD, the value whose picks came nearest the
+# fastest of the candidates autotune timed on 41 problems (bench/NOTES.md v0.26).
 SPLIT_K_CLUSTER_REDUCE_US = 2.0
 CLUSTER_LOADED_SPLITS = 3
 CLUSTER_KBLOCK_LOAD = 0.9
@@ -237,10 +238,9 @@ def _past_edge(extent: int, tile_rows: int, box_rows: int) -> int:
 def zero_filled_rows(problem: Problem, cfg: KernelConfig) -> int:
     """Rows of A and B tiles TMA zero-fills past the problem's edges in its worst tile (the
     one at both edges): the A rows loaded past M and the B rows past N."""
-    a_box, b_box = min(TMA_BOX_ELEMS, cfg.a_load_rows), TMA_BOX_ELEMS
-    a_rows = _past_edge(min(problem.m, cfg.a_load_rows) if cfg.a_rows is not None
-                        else problem.m, cfg.a_load_rows, a_box)
-    return a_rows + _past_edge(problem.n, cfg.block_n, b_box)
+    a_box = min(TMA_BOX_ELEMS, cfg.a_load_rows)
+    return (_past_edge(problem.m, cfg.a_load_rows, a_box)
+            + _past_edge(problem.n, cfg.block_n, TMA_BOX_ELEMS))
 
 
 def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int],
