@@ -251,11 +251,11 @@ def _fused_matmul(a, b, out, **keywords):
     """matmul with epilogue keywords: a repeat of an earlier call through its remembered
     launches, else validated in full (nothing launched before every check has passed), then
     run on hopmm's kernels or computed with CuPy in fp32."""
-    import cupy
-
     # A torch tensor A goes to interop first: the cupy fast path would only decline it.
     if interop.is_tensor(a):
         return interop.fused_tensors(matmul, a, b, out, keywords)
+    import cupy
+
     result, k = fastpath.repeat_fused(a, b, out, keywords)
     if result is not None:
         return result
