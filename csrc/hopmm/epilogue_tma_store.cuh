@@ -194,8 +194,7 @@ struct TmaStoreEpilogue {
             store_chunk(p, ld_shared_v4(box_elem(box, r, x)), cols - x);
     }
 
-    // Rows that start on 2 bytes every other row: warp w copies box rows w, w + 4, ..., each
-    // in 32-bit stores where the row's start allows.
+    // Rows that start on 2 bytes every other row: warp w copies box rows w, w + 4, ...
     __device__ __forceinline__ static void store_box_warp_rows(u32 box, const EpilogueArgs& e,
                                                                unsigned short* out, int thread,
                                                                int rows, int cols) {
@@ -210,17 +209,11 @@ struct TmaStoreEpilogue {
                 else if (x < cols)
                     p[x] = ld_shared_u16(box_elem(box, r, x));
             } else {
-                // Element 0 alone; then from element 1 on the pairs lie on 4 bytes: lane l
-                // stores elements 2l + 1 and 2l + 2 in one 32-bit store (lane 31 element 63
-                // alone), half the store instructions of 16-bit stores.
-                if (lane == 0) p[0] = ld_shared_u16(box_elem(box, r, 0));
-                const int x = 2 * lane + 1;
-                if (x + 1 < cols)
-                    *reinterpret_cast<u32*>(p + x) =
-                        ld_shared_u16(box_elem(box, r, x)) |
-                        (static_cast<u32>(ld_shared_u16(box_elem(box, r, x + 1))) << 16);
-                else if (x < cols)
-                    p[x] = ld_shared_u16(box_elem(box, r, x));
+#pragma unroll
+                for (int h = 0; h < 2; ++h) {
+                    const int x = lane + 32 * h;
+                    if (x < cols) p[x] = ld_shared_u16(box_elem(box, r, x));
+                }
             }
         }
     }
