@@ -48,8 +48,8 @@ def _tensor_type():
 
 def is_tensor(x) -> bool:
     """Whether `x` is exactly a torch.Tensor (False, cheaply, when torch is not loaded)."""
-    torch = sys.modules.get("torch")
-    return torch is not None and type(x) is torch.Tensor
+    tensor = _tensor_type()
+    return tensor is not None and type(x) is tensor
 
 
 def has_tensor(values) -> bool:
