@@ -122,7 +122,10 @@ def test_waves_of_whole_groups_take_the_smallest_group(m, n, k):
     tiles = -(-m // c.config.block_m) * -(-n // c.config.block_n)
     assert tiles > H100_SXM.sm_count
     assert c.raster_group == min(heuristics.RASTER_GROUPS)
-    batched = choose(2432, 704, 9472, batch=16)   # a batch past one round, 3 N-tiles
+
+
+def test_a_batch_past_one_round_takes_its_group_by_the_footprint():
+    batched = choose(2432, 704, 9472, batch=16)   # 3 N-tiles of 256 a slice
     assert batched.raster_group == min(heuristics.RASTER_GROUPS)
 
 
