@@ -64,18 +64,28 @@ def pick_line(shape: tuple, dtype: str, pick: str, tflops: dict, cublas: float) 
             f"top " + "; ".join(f"{name} {tf:.1f}" for name, tf in top))
 
 
-def heuristic_label(shape: tuple, dtype_name: str) -> str:
-    """tuning.label of the heuristic's choice for row-major operands of `shape`."""
+def row_major_problem(shape: tuple, dtype_name: str):
+    """The Problem hopmm's kernels see for row-major operands of `shape` (as autotune and the
+    sweep make them)."""
     import cupy
 
-    from hopmm import heuristics, layout, operands, tuning
-    from hopmm.device import query
+    from hopmm import layout, operands
 
     m, n, k = shape
     a = cupy.empty((m, k), dtype=dtype_name)
     b = cupy.empty((k, n), dtype=dtype_name)
-    call = operands.kernel_operands(a, b, layout.matmul_shapes(a.shape, b.shape))
-    return tuning.label(heuristics.choose(call.problem, query(cupy.cuda.Device().id)))
+    return operands.kernel_operands(a, b, layout.matmul_shapes(a.shape, b.shape)).problem
+
+
+def heuristic_label(shape: tuple, dtype_name: str) -> str:
+    """tuning.label of the heuristic's choice for row-major operands of `shape`."""
+    import cupy
+
+    from hopmm import heuristics, tuning
+    from hopmm.device import query
+
+    problem = row_major_problem(shape, dtype_name)
+    return tuning.label(heuristics.choose(problem, query(cupy.cuda.Device().id)))
 
 
 def precompile(shapes: list) -> None:
@@ -84,15 +94,13 @@ def precompile(shapes: list) -> None:
     the timings)."""
     import cupy
 
-    from hopmm import layout, operands, report, tuning
+    from hopmm import report, tuning
     from hopmm.device import query
 
     device = query(cupy.cuda.Device().id)
     cases = set()
-    for (m, n, k), dtype, _ in shapes:
-        name = CUPY_DTYPE_NAMES[dtype]
-        a, b = cupy.empty((m, k), dtype=name), cupy.empty((k, n), dtype=name)
-        problem = operands.kernel_operands(a, b, layout.matmul_shapes(a.shape, b.shape)).problem
+    for shape, dtype, _ in shapes:
+        problem = row_major_problem(shape, CUPY_DTYPE_NAMES[dtype])
         cases.update((c.schedule, c.config) for c in tuning.candidates(problem, device)
                      if not getattr(c.schedule, "streaming", False))
     began = time.time()

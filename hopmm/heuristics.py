@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, replace
 
-from .device import H100_SXM, DeviceInfo
+from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
@@ -211,10 +211,10 @@ def split_k_kblock_us(ctas: int, sm_count: int, cluster_splits: int = 1) -> floa
 
 
 def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int,
-                        operand_bytes: int, clusters: int | None = None,
-                        sm_count: int = H100_SXM.sm_count) -> float:
-    """The time models above, in microseconds: split_k's, or with `clusters` (clusters of
-    `splits` CTAs the device holds at once) split_k_cluster's."""
+                        operand_bytes: int, clusters: int | None = None, *,
+                        sm_count: int) -> float:
+    """The time models above, in microseconds, on a device of `sm_count` SMs: split_k's, or
+    with `clusters` (clusters of `splits` CTAs the device holds at once) split_k_cluster's."""
     dram = operand_bytes / (SPLIT_K_DRAM_TBPS * 1e6)
     l2 = tiles * k_blocks * stage_bytes / (SPLIT_K_L2_TBPS * 1e6)
     if clusters is None:
@@ -303,7 +303,7 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
             if not clusters:
                 continue
         out[splits] = split_k_estimate_us(tiles, k_blocks, splits, stage, operands, clusters,
-                                          device.sm_count)
+                                          sm_count=device.sm_count)
     return out
 
 

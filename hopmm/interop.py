@@ -239,11 +239,12 @@ def _raw_stream(torch, device: int) -> int:
 def _direct_repeat(a, b, out):
     """The result of a repeat through its remembered direct launches, on the current torch
     stream, into a new torch tensor or `out`; None where the call takes the full path."""
-    recipe = _direct.get(_tensor_key(a, b, out))
+    k = _tensor_key(a, b, out)
+    recipe = _direct.get(k)
     if recipe is None:
         return None
     torch = sys.modules["torch"]
-    device = a.get_device()
+    device = k[TENSOR_KEY_DEVICE]
     result = out if out is not None else _empty(torch, recipe.out_shape, a.dtype, device)
     if recipe.repeat.run(_raw_stream(torch, device), a.data_ptr(), b.data_ptr(),
                          result.data_ptr()):

@@ -1,4 +1,6 @@
 """CPU: the heuristic is a pure function of the problem and the device description."""
+import functools
+
 import pytest
 
 from hopmm import heuristics
@@ -231,7 +233,7 @@ def test_split_counts_measured_on_an_h100(m, n, k, splits):
 
 
 def test_split_k_model_terms():
-    est = heuristics.split_k_estimate_us
+    est = functools.partial(heuristics.split_k_estimate_us, sm_count=H100_SXM.sm_count)
     operands = (256 + 256) * 65536 * 2
     assert est(4, 1024, 9, 32768, operands) < est(4, 1024, 16, 32768, operands) < \
         est(4, 1024, 1, 32768, operands)
@@ -322,7 +324,7 @@ def test_known_capacity_takes_split_k_in_clusters(m, n, k):
 
 
 def test_cluster_model_counts_waves_and_no_hand_offs():
-    est = heuristics.split_k_estimate_us
+    est = functools.partial(heuristics.split_k_estimate_us, sm_count=H100_SXM.sm_count)
     operands = (512 + 512) * 16384 * 2
     # 16 tiles, 256 k-blocks: 8 splits in one wave of 18 clusters, against 2 waves of 15
     one_wave = est(16, 256, 8, 32768, operands, clusters=18)
