@@ -171,12 +171,13 @@ def format_table(title: str, interleaved: dict, alone: dict) -> str:
 
 def kernel_contestant(spec: KernelSpec, sets, device):
     """A launcher of the forced kernel over the input sets (A, B, C)."""
-    from hopmm import api, launch, layout
+    from hopmm import launch, layout, operands
     from hopmm.heuristics import Choice
     from hopmm.schedules import SCHEDULES
 
     a, b, c = sets[0]
-    call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+    # the operands as the tile kernels read them (aligned copies where TMA cannot)
+    call = operands.kernel_operands(a, b, layout.matmul_shapes(a.shape, b.shape))
     sched, p = SCHEDULES[spec.schedule], call.problem
     cfg = sched.deepest(p.dtype, spec.tile[1], p.trans_a, p.trans_b,
                         device.smem_per_block_optin, spec.tile[0])

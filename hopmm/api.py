@@ -12,6 +12,9 @@ from . import epilogue as epilogue_mod
 from . import fastpath, heuristics, interop, launch, layout, operands, tuning, validation
 from .problem import KERNEL_DTYPES
 from .schedules import DUAL_B_SCHEDULES
+from .schedules import GemvSchedule
+
+GEMV = GemvSchedule.name
 
 STRICT_ENV = fastpath.STRICT_ENV
 SCHEDULE_ENV = "HOPMM_SCHEDULE"
@@ -81,8 +84,9 @@ def _is_plain(bias, activation, alpha, beta, c) -> bool:
 def plan(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=None) -> Plan:
     """Validates a call as cupy.matmul would, and its epilogue keywords, and decides how it
     runs (no GPU work)."""
-    p = _plan(a, b, out)
-    if _is_plain(bias, activation, alpha, beta, c):
+    plain = _is_plain(bias, activation, alpha, beta, c)
+    p = _plan(a, b, out, plain)
+    if plain:
         return p
     p.epilogue = epilogue_mod.resolve(p.shapes, p.dtype, a.device.id, bias=bias,
                                       activation=activation, alpha=alpha, beta=beta, c=c)
@@ -93,7 +97,7 @@ def plan(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0, c=N
     return p
 
 
-def _plan(a, b, out) -> Plan:
+def _plan(a, b, out, plain: bool = True) -> Plan:
     checked = validation.check(a, b, out)
     shapes, dtype = checked.shapes, checked.dtype
     _check_devices(a, b, out)
@@ -104,7 +108,7 @@ def _plan(a, b, out) -> Plan:
 
     dev = device_mod.query(a.device.id)
     reason = (_unsupported_reason(a, b, out, dev) or _too_large_reason(shapes)
-              or _copy_route_reason(a, b, out, shapes))
+              or _copy_route_reason(a, b, out, shapes, dev, plain))
     if reason:
         return Plan("cupy.matmul", reason, shapes, dtype)
     return Plan("kernel", f"{a.dtype.name} on {dev.name} (sm_90)", shapes, dtype)
@@ -128,23 +132,51 @@ def cupy_matmul_takes(dtype_name: str, batch_shape: tuple) -> bool:
     return not (dtype_name == "bfloat16" and len(batch_shape) > 0)
 
 
-def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes) -> str | None:
+def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.DeviceInfo,
+                       plain: bool) -> str | None:
     """heuristics.copy_route_reason for the aligned copies this call would make, unless a
-    schedule is forced or HOPMM_STRICT asks for hopmm's kernels."""
+    schedule is forced, HOPMM_STRICT asks for hopmm's kernels, or (a `plain` call, no
+    epilogue) gemv reads the operands where they lie."""
     if _matmul_override() or fastpath.strict():
         return None
     if not cupy_matmul_takes(a.dtype.name, shapes.batch_shape):
         return None
+    copied = _unaligned_operand_bytes(a, b, shapes)
+    # The result goes through an aligned buffer where _run_kernel can store it neither through
+    # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
+    if _output_store(out, shapes, a.itemsize) == "copy":
+        copied += shapes.batch * shapes.m * shapes.n * a.itemsize
+    reason = heuristics.copy_route_reason(shapes.m, shapes.n, shapes.k, shapes.batch, copied)
+    if reason and plain and _in_place_gemv(a, b, shapes, dev) is not None:
+        return None
+    return reason
+
+
+def _unaligned_operand_bytes(a, b, shapes: layout.MatmulShapes) -> int:
+    """Bytes of the operands TMA cannot read in place (rows not on 16 bytes): what the tile
+    kernels' aligned copies would read."""
     copied = 0
     for x, is_vector, axis in ((a, shapes.a_is_vector, 0), (b, shapes.b_is_vector, 1)):
         x2 = _as_matrix_stack(x, is_vector, axis)
         if layout.tma_major(x2.shape[-2:], x2.strides[-2:], x.itemsize, x.data.ptr) is None:
             copied += x.nbytes
-    # The result goes through an aligned buffer where _run_kernel can store it neither through
-    # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
-    if _output_store(out, shapes, a.itemsize) == "copy":
-        copied += shapes.batch * shapes.m * shapes.n * a.itemsize
-    return heuristics.copy_route_reason(shapes.m, shapes.n, shapes.k, shapes.batch, copied)
+    return copied
+
+
+def _in_place_gemv(a, b, shapes: layout.MatmulShapes, dev: device_mod.DeviceInfo,
+                   forced: bool = False) -> KernelCall | None:
+    """The call on gemv reading the operands where they lie (heuristics.gemv_in_place_choice),
+    where some operand's rows are not 16-byte aligned and gemv takes it; else None."""
+    copied = _unaligned_operand_bytes(a, b, shapes)
+    if copied == 0:
+        return None
+    ops = operands.in_place_operands(a, b, shapes)
+    if ops is None:
+        return None
+    choice = heuristics.gemv_in_place_choice(ops.problem, dev, copied, forced)
+    if choice is None:
+        return None
+    return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 
 
 def _output_store(result, shapes: layout.MatmulShapes, itemsize: int,
@@ -305,13 +337,18 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
     does not change the choice, except that gemv takes no epilogue); `row_store`: the
     result's rows are not 16-byte aligned, and the choice stores them itself where it can
     (heuristics.row_store_choice)."""
-    ops = operands.kernel_operands(a, b, shapes)
     dev = device_mod.query(a.device.id)
+    fused = spec is not None
+    forced = _matmul_override()
+    # Operands whose rows TMA cannot read: gemv may take them where they lie (no epilogue).
+    if not fused and forced in (None, GEMV):
+        in_place = _in_place_gemv(a, b, shapes, dev, forced is not None)
+        if in_place is not None:
+            return in_place
+    ops = operands.kernel_operands(a, b, shapes)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
-    fused = spec is not None
     reads = fused and (spec.bias or spec.c)
-    forced = _matmul_override()
     choice = ((None if forced
                else tuning.lookup(ops.problem, dev, epilogue=fused, epilogue_reads=reads))
               or heuristics.choose(ops.problem, dev, forced, epilogue=fused,

@@ -534,7 +534,7 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     ctas = row_groups * col_blocks * min(kp.batch, MAX_GRID_Z) * splits
     fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
     rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS)
-    memory = bytes_ / (rate * 1e6 * fill)
+    memory = bytes_ / (rate * 1e6 * fill) * (GEMV_IN_PLACE_SLOWDOWN if cfg.in_place else 1.0)
     compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
                / ((GEMV_MMA_TFLOPS if cfg.mma else GEMV_FMA_TFLOPS) * 1e6))
     split = 0.0
@@ -545,15 +545,17 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
 
 
 def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
-                 rival: tuple[float, str] | None = None) -> Choice | None:
+                 rival: tuple[float, str] | None = None, in_place: bool = False,
+                 max_m: int = GEMV_MAX_M) -> Choice | None:
     """gemv where forced, or where its model beats `rival` (_tile_rival: the estimate of the
     tile kernels' choice, and what it is; None: no rival estimate, gemv is taken within
-    GEMV_MAX_M). Problems of more than GEMV_MAX_M rows and fewer columns than rows run transposed (C^T =
-    B^T A^T: A is streamed)."""
-    trans_c = problem.m > GEMV_MAX_M and problem.n < problem.m
-    if not forced and min(problem.m, problem.n) > GEMV_MAX_M:
+    `max_m` rows). Problems of more than `max_m` rows and fewer columns than rows run
+    transposed (C^T = B^T A^T: A is streamed). `in_place`: the operands as they lie, rows at
+    any element boundary (GemvConfig.in_place)."""
+    trans_c = problem.m > max_m and problem.n < problem.m
+    if not forced and min(problem.m, problem.n) > max_m:
         return None
-    if trans_c and not forced and problem.n > GEMV_MAX_M:
+    if trans_c and not forced and problem.n > max_m:
         return None
     kp = GemvSchedule.kernel_problem(problem, GemvConfig.default(problem.dtype, False, False, 1,
                                                                  trans_c))
@@ -561,9 +563,10 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
     # 8 rows they differ: an FMA bound against a slower N-major stream).
     options = []
     for mma in (True, False):
-        if mma and _single_row_tail(kp):
+        if mma and not in_place and _single_row_tail(kp):
             continue
-        cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c, mma)
+        cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c, mma,
+                                 in_place)
         splits = gemv_splits(problem, cfg, device)
         options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits))
     estimate, _, cfg, splits = min(options)
@@ -572,7 +575,9 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
     streamed = "A streamed once as C^T = B^T A^T" if trans_c else "B streamed once"
     units = "tensor cores" if cfg.mma else "CUDA-core FMAs"
-    why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, 16-byte loads, {units}), "
+    loads = ("16-byte loads of rows read where they lie (two aligned vectors shifted into one)"
+             if in_place else "16-byte loads")
+    why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, {loads}, {units}), "
            f"{col_blocks} column blocks of {cfg.block_n} x {row_groups} row group(s) of "
            f"{cfg.max_rows} x {splits} K split(s)"
            + (" added up in split order by each tile's last CTA" if splits > 1 else "")
@@ -580,6 +585,32 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
            + (f" against {rival[1]} {rival[0]:.1f}" if rival is not None else "")
            + (" (forced)" if forced else ""))
     return Choice(GemvSchedule, cfg, why, 1, splits)
+
+
+# gemv on operands whose rows do not start on 16 bytes, read where they lie (GemvConfig.in_place),
+# for as many rows of C (or columns) as gemv takes at all: the alternative reads aligned copies,
+# two bytes of traffic per byte at COPY_TBPS before the product starts, or routes the call to
+# cupy.matmul (copy_route_reason). In-place gemv is taken where its model beats the tile
+# kernels' estimate plus those copies. Its stream is GEMV_IN_PLACE_SLOWDOWN times slower than
+# from aligned rows (two loads and a shift per vector; NOTES v0.27: 99 against 54 us at
+# 16 x 29821 x 2013 and 16 x 29824 x 2016, fp16, N-major B, where cuBLAS took 111 and 35).
+GEMV_IN_PLACE_MAX_M = GEMV_MAX_M
+GEMV_IN_PLACE_SLOWDOWN = 1.8
+
+
+def gemv_in_place_choice(problem: Problem, device: DeviceInfo, copied_bytes: int,
+                         forced: bool = False) -> Choice | None:
+    """gemv reading `problem`'s operands where they lie, where forced or where its estimate
+    beats the tile kernels' on aligned copies of `copied_bytes` plus those copies' time; None
+    otherwise."""
+    if not forced and min(problem.m, problem.n) > GEMV_IN_PLACE_MAX_M:
+        return None
+    copy_us = 2 * copied_bytes / (COPY_TBPS * 1e6)
+    rival = _tile_rival(problem, device)
+    if rival is not None:
+        rival = (rival[0] + copy_us, f"{rival[1]} on aligned copies (+{copy_us:.1f} us)")
+    return _gemv_choice(problem, device, forced, rival, in_place=True,
+                        max_m=GEMV_IN_PLACE_MAX_M)
 
 
 def _single_row_tail(kp: Problem) -> bool:

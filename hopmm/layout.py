@@ -104,6 +104,21 @@ def tma_major(shape2: tuple, strides2: tuple, itemsize: int, address: int) -> st
     return None
 
 
+def element_major(shape2: tuple, strides2: tuple, itemsize: int) -> str | None:
+    """Which axis of a (rows, cols) matrix is contiguous for a kernel that reads rows at any
+    element boundary (gemv in place): "cols", "rows", or None (no unit-stride axis, or a
+    negative stride)."""
+    rows, cols = shape2
+    row_stride, col_stride = strides2
+    if col_stride == itemsize or cols == 1:
+        if rows == 1 or row_stride > 0:
+            return "cols"
+    if row_stride == itemsize or rows == 1:
+        if cols == 1 or col_stride > 0:
+            return "rows"
+    return None
+
+
 def store_ok(shape2: tuple, strides2: tuple, itemsize: int, address: int) -> bool:
     """Whether a row-major result can take a TMA store directly. A store writes whole 16-byte
     chunks, so a row whose byte length is not a multiple of 16 would overwrite its neighbours

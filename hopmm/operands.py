@@ -1,12 +1,14 @@
 """A validated call's operands as the kernel reads them: batch views over the broadcast batch,
-aligned copies where TMA cannot read an operand in place, and the Problem they make. Below
-api (which adds the schedule choice) and tuning (which times every choice on them)."""
+aligned copies where TMA cannot read an operand in place (or, for gemv, the operands where they
+lie), and the Problem they make. Below api (which adds the schedule choice) and tuning (which
+times every choice on them)."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from . import launch, layout
 from .problem import LINE_BYTES, Problem
+from .schedules import GEMV_VEC
 
 
 @dataclass
@@ -66,3 +68,32 @@ def kernel_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands:
     # could not be a view, an aligned buffer) has its own.
     copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
     return KernelOperands(a3, a_map, b3, b_map, problem, copies, {"a": a_view, "b": b_view})
+
+
+def in_place_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands | None:
+    """The operands where they lie, for gemv reading rows at any element boundary
+    (GemvConfig.in_place): None where an operand has no unit-stride axis, or where one of
+    several batch slices (of A, B or the row-major result) starts off a 16-byte vector (the
+    kernel steps batches in whole vectors)."""
+    views, majors, maps = {}, {}, {}
+    for name, x, axis, is_vector in (("a", a, 0, shapes.a_is_vector),
+                                     ("b", b, 1, shapes.b_is_vector)):
+        x3, maps[name] = operand3d(as_matrix_stack(x, is_vector, axis), shapes.batch_shape)
+        majors[name] = layout.element_major(x3.shape[1:], x3.strides[1:], x3.itemsize)
+        if majors[name] is None or not _whole_vector_batches(x3.shape[0], x3.strides[0],
+                                                             x3.itemsize):
+            return None
+        views[name] = x3
+    if not _whole_vector_batches(shapes.batch, shapes.m * shapes.n * a.itemsize, a.itemsize):
+        return None
+    problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
+                      dtype=a.dtype.name, a_major="k" if majors["a"] == "cols" else "m",
+                      b_major="n" if majors["b"] == "cols" else "k", b_pitch_aligned=False)
+    # A materialised broadcast is a copy of its own (not repeatable as a view).
+    copies = [name for name, x in (("a", a), ("b", b)) if views[name].data.ptr != x.data.ptr]
+    return KernelOperands(views["a"], maps["a"], views["b"], maps["b"], problem, copies,
+                          dict(views))
+
+
+def _whole_vector_batches(count: int, stride: int, itemsize: int) -> bool:
+    return count == 1 or (stride > 0 and stride % (GEMV_VEC * itemsize) == 0)

@@ -810,7 +810,8 @@ WARP_THREADS = 32
 GEMV_VEC = 8
 # Rows of C one gemv CTA computes (its fp32 accumulators per column); more rows take further
 # row groups, each streaming B again. 16 keeps a lane's accumulators (16 x 8 N-major) in
-# registers and the FMA work within the CUDA cores' rate at copy bandwidth (kernel_gemv.cuh).
+# registers and the FMA work within the CUDA cores' rate at copy bandwidth (kernel_gemv.cuh);
+# CTAs of 32 and 64 rows on tensor cores ran slower than row groups of 16 (NOTES v0.27).
 GEMV_MAX_ROWS = (1, 2, 4, 8, 16)
 # Counters leading the split-K scratch buffer (workspace.gemv_scratch), one per (batch slot,
 # CTA tile) of a split launch: splitting is for launches of few tiles, far below this.
@@ -840,7 +841,9 @@ class GemvConfig:
     problem's B^T, its B the problem's A^T, and it stores C transposed; trans_a and trans_b
     then describe the kernel's operands (GemvSchedule.kernel_problem). With mma (8 or 16
     rows) the inner loops run on tensor cores: a K-major warp owns 16 columns, an N-major CTA
-    64, cols is 1, and unroll counts 32-element chunks of K in flight."""
+    64, cols is 1, and unroll counts 32-element chunks of K in flight. With in_place the
+    kernel reads rows that start on any 2-byte boundary where they lie (two aligned vectors
+    shifted into one) instead of from aligned copies."""
     dtype: str
     trans_a: bool   # the kernel's A is M-major
     trans_b: bool   # the kernel's B is N-major
@@ -850,6 +853,7 @@ class GemvConfig:
     unroll: int = 2
     trans_c: bool = False
     mma: bool = False
+    in_place: bool = False
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -872,6 +876,13 @@ class GemvConfig:
                                  f"read in vectors), got {self.unroll}")
         elif self.cols < 1 or self.unroll < 1:
             raise ValueError("K-major B: cols and unroll must be positive")
+
+    @property
+    def row_store(self) -> bool:
+        """Whether the kernel stores a result of rows at any element boundary (every gemv
+        stores element by element; a call reading rows in place takes its result the same way,
+        where the tile schedules' KernelConfig.row_store is a config of its own)."""
+        return self.in_place
 
     @property
     def block_n(self) -> int:
@@ -901,12 +912,14 @@ class GemvConfig:
         dt = "bf16" if self.dtype == "bfloat16" else "f16"
         swap = "_ct" if self.trans_c else ""
         tc = "_tc" if self.mma else ""
-        return (f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}{swap}{tc}_"
-                f"{layout}")
+        any_rows = "_ip" if self.in_place else ""
+        return (f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}{swap}{tc}"
+                f"{any_rows}_{layout}")
 
     @classmethod
     def default(cls, dtype: str, trans_a: bool, trans_b: bool, rows: int,
-                trans_c: bool = False, mma: bool = True) -> "GemvConfig":
+                trans_c: bool = False, mma: bool = True,
+                in_place: bool = False) -> "GemvConfig":
         """The config for `rows` rows of C: the next max_rows step, and per layout the shape
         that keeps 32 KB or more of B in flight per CTA (8 warps x 32 lanes x 16 B x
         unroll (x cols)): predictions, to be swept on the GPU (bench/gemv_tune.py). From
@@ -916,13 +929,14 @@ class GemvConfig:
         max_rows = next(r for r in GEMV_MAX_ROWS if r >= min(rows, top))
         if mma and max_rows in GEMV_MMA_ROWS:
             return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1,
-                       unroll=1 if trans_b else 4, trans_c=trans_c, mma=True)
+                       unroll=1 if trans_b else 4, trans_c=trans_c, mma=True,
+                       in_place=in_place)
         if trans_b:
             return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=1, unroll=8,
-                       trans_c=trans_c)
+                       trans_c=trans_c, in_place=in_place)
         # 4 x 2 vectors in flight per lane: 16 rows still fit (232 registers, no spills).
         return cls(dtype, trans_a, trans_b, max_rows, warps=8, cols=4, unroll=2,
-                   trans_c=trans_c)
+                   trans_c=trans_c, in_place=in_place)
 
 
 class GemvSchedule:
@@ -1048,6 +1062,7 @@ class GemvSchedule:
             "kBKMajor": not cfg.trans_b, "kMaxRows": cfg.max_rows, "kWarps": cfg.warps,
             "kCols": cfg.cols, "kUnroll": cfg.unroll, "kBlockN": cfg.block_n,
             "kCounters": GEMV_COUNTERS, "kTransC": cfg.trans_c, "kMma": cfg.mma,
+            "kInPlace": cfg.in_place,
         }
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
                                     {"THREADS": str(cfg.threads)}, entry=cls.entry)
@@ -1055,13 +1070,14 @@ class GemvSchedule:
     @classmethod
     def configs(cls, smem_limit: int = 0) -> list[GemvConfig]:
         """The default config of every row step, dtype and layout, on tensor cores and off
-        them, with the transposed store and without: every config the heuristic picks."""
+        them, with the transposed store and without, reading aligned rows or rows in place:
+        every config the heuristic picks."""
         steps = [(rows, trans_c) for rows in GEMV_MAX_ROWS for trans_c in (False, True)]
         return list(dict.fromkeys(
-            GemvConfig.default(dtype, ta, tb, rows, trans_c, mma)
-            for (rows, trans_c), dtype, ta, tb, mma
+            GemvConfig.default(dtype, ta, tb, rows, trans_c, mma, in_place)
+            for (rows, trans_c), dtype, ta, tb, mma, in_place
             in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True),
-                                 (True, False))))
+                                 (True, False), (False, True))))
 
 
 # Schedules that are not TMA/wgmma tile schedules (SCHEDULES holds those); use_schedule

@@ -58,13 +58,13 @@ def run(a, b, schedule, tile, group=16, row_pitch=None):
 
     import cupy
 
-    from hopmm import api, launch, layout
+    from hopmm import launch, layout, operands
     from hopmm.device import query
     from hopmm.heuristics import Choice
     from hopmm.schedules import SCHEDULES
 
     shapes = layout.matmul_shapes(a.shape, b.shape)
-    call = api._kernel_call(a, b, shapes)
+    call = operands.kernel_operands(a, b, shapes)   # as the tile kernels read them
     sched = SCHEDULES[schedule]
     p = call.problem
     block_m, block_n = tile_shape(tile)
@@ -86,17 +86,20 @@ def run(a, b, schedule, tile, group=16, row_pitch=None):
     return c3, buf
 
 
-def run_choice(a, b, adjust):
+def run_choice(a, b, adjust, in_place: bool = False):
     """C = A @ B on the heuristic's choice for the operands' problem as `adjust(problem,
     device)` returns it, through the launch layer into a NaN-poisoned result (rows padded to
-    TMA's alignment). Returns (C in the result's shape, the choice)."""
+    TMA's alignment). The operands as the tile kernels read them (aligned copies where TMA
+    cannot read them), or with `in_place` as the call takes them (gemv reads unaligned rows
+    where they lie). Returns (C in the result's shape, the choice)."""
     import cupy
 
-    from hopmm import api, launch, layout
+    from hopmm import api, launch, layout, operands
     from hopmm.device import query
 
     shapes = layout.matmul_shapes(a.shape, b.shape)
-    call = api._kernel_call(a, b, shapes)
+    call = (api._kernel_call(a, b, shapes) if in_place
+            else operands.kernel_operands(a, b, shapes))
     choice = adjust(call.problem, query(cupy.cuda.Device().id))
     s = shapes
     c3 = cupy.full((s.batch, s.m, layout.padded(s.n, a.itemsize)), cupy.nan,

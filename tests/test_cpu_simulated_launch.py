@@ -536,8 +536,8 @@ CASES = {
     "a_transposed": lambda: (rand((96, 200)).T, rand((96, 136))),
     "b_transposed": lambda: (rand((200, 96)), rand((136, 96)).T),
     "both_transposed": lambda: (rand((96, 200)).T, rand((136, 96)).T),
-    "odd_sizes_copied": lambda: (rand((17, 23)), rand((23, 5))),
-    "misaligned_base": lambda: (rand((64, 130))[:, 1:129], rand((128, 64))),
+    "odd_sizes_copied": lambda: (rand((97, 23)), rand((23, 75))),   # too many rows for gemv
+    "misaligned_base": lambda: (rand((96, 130))[:, 1:129], rand((128, 96))),
     "negative_strides": lambda: (rand((64, 128))[::-1], rand((128, 64))[:, ::-1]),
     "batched": lambda: (rand((3, 40, 64)), rand((3, 64, 24))),
     "broadcast_a": lambda: (rand((40, 64)), rand((3, 64, 24))),
@@ -954,6 +954,8 @@ def test_gemv_reads_zeroed_row_tails_of_its_copies(simulated_gpu, monkeypatch, s
         return x
 
     monkeypatch.setattr(sys.modules["cupy"], "empty", poisoned_empty)
+    # gemv through copies, not reading the rows where they lie (the next test)
+    monkeypatch.setattr(api, "_in_place_gemv", lambda *args, **kw: None)
     hopmm.use_schedule(schedule)
     k = 100   # 200-byte rows: 8 bytes (4 elements) to the next 16-byte boundary
     for repeat in (False, True):
@@ -972,6 +974,29 @@ def test_gemv_reads_zeroed_row_tails_of_its_copies(simulated_gpu, monkeypatch, s
         tails = bits[..., k:k + 4]
         assert (tails == 0).all() if schedule == "gemv" or repeat else (tails == 0xFFFF).all()
         assert (bits[..., k + 4:] == 0xFFFF).all()
+
+
+@pytest.mark.parametrize("case", ["odd_b_rows", "odd_a_rows_few_columns", "offset_views",
+                                  "m_major_a", "batched"])
+def test_simulated_gemv_reads_unaligned_rows_in_place(simulated_gpu, case):
+    """Few rows (or columns) and operands whose rows do not start on 16 bytes: unforced, gemv
+    reads them where they lie (no aligned copy, no row-copy launch) and stores the result of
+    odd rows itself; repeats read the new operands."""
+    cases = {
+        "odd_b_rows": lambda: (rand((12, 1001)), rand((1001, 2601))),
+        "odd_a_rows_few_columns": lambda: (rand((3001, 999)), rand((999, 13))),
+        "offset_views": lambda: (rand((9, 4003))[1:, 3:], rand((4000, 1203))[:, 1:1200]),
+        "m_major_a": lambda: (rand((777, 10)).T, rand((777, 331))),
+        "batched": lambda: (rand((3, 16, 8000)), rand((3, 8000, 3001))),
+    }
+    for _ in range(2):
+        a, b = cases[case]()
+        SimulatedLaunch.copies = 0
+        expect(a, b, hopmm.matmul(a, b))
+        text = hopmm.explain(a, b)
+        assert not SimulatedLaunch.last.templates and SimulatedLaunch.copies == 0, text
+    assert "schedule: gemv" in text and "read where they lie" in text
+    assert "aligned copies of" not in text and "through an aligned buffer" not in text
 
 
 def test_simulated_gemv_split_k_scratch(simulated_gpu):
@@ -997,7 +1022,7 @@ def test_simulated_few_columns_take_gemv_transposed(simulated_gpu, m, k, n, batc
 
 
 @pytest.mark.parametrize("m,k,n,batch,transposed", [
-    (30, 1000, 260, 1, False), (64, 3000, 640, 1, True), (17, 2048, 129, 1, False)])
+    (30, 1000, 264, 1, False), (64, 3000, 640, 1, True), (17, 2048, 136, 1, False)])
 def test_simulated_few_rows_take_the_parallel_split_k(simulated_gpu, m, k, n, batch,
                                                       transposed):
     """The default path for problems of a few more rows than gemv takes: split_k_parallel's

@@ -1,8 +1,9 @@
 """GPU tier, gemv (the memory-streaming schedule for outputs of few rows): against cupy.matmul
-into NaN-poisoned outputs over its edge shapes (1-16 rows and past 16, N and K odd and not
+into NaN-poisoned outputs over its edge shapes (1-64 rows and past 64, N and K odd and not
 multiples of the 8-element vector, K below one vector), both B layouts, M-major A, sliced and
-transposed views, batches and broadcasts, explicit K splits; bitwise repeatable run to run;
-the split-K counters back at zero after every kernel. Skips without a Hopper GPU."""
+transposed views, batches and broadcasts, explicit K splits, rows read where they lie at every
+offset and through aligned copies; bitwise repeatable run to run; the split-K counters back at
+zero after every kernel. Skips without a Hopper GPU."""
 import dataclasses
 
 import pytest
@@ -55,12 +56,29 @@ def run_gemv(a, b, splits=None, **config):
     fields replaced by `config`, into a poisoned result. Returns (C, the choice)."""
     from hopmm import heuristics
 
+    # Operands read where they lie (the call made no aligned copy) keep the in-place loads.
+    in_place = _call_reads_in_place(a, b)
+
     def adjust(problem, dev):
         choice = heuristics.choose(problem, dev, "gemv")
-        return dataclasses.replace(choice, config=dataclasses.replace(choice.config, **config),
-                                   splits=splits or choice.splits)
+        cfg = dataclasses.replace(choice.config, **{"in_place": in_place, **config})
+        return dataclasses.replace(choice, config=cfg, splits=splits or choice.splits)
 
-    return forced.run_choice(a, b, adjust)
+    return forced.run_choice(a, b, adjust, in_place=in_place)
+
+
+def _has_unaligned_rows(a, b) -> bool:
+    from hopmm import api, layout
+
+    return api._unaligned_operand_bytes(a, b, layout.matmul_shapes(a.shape, b.shape)) > 0
+
+
+def _call_reads_in_place(a, b) -> bool:
+    """Whether the call's choice reads the operands where they lie (GemvConfig.in_place)."""
+    from hopmm import api, layout
+
+    call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+    return getattr(call.choice.config, "in_place", False)
 
 
 ROWS = [1, 2, 3, 7, 8, 15, 16]
@@ -147,15 +165,21 @@ def _dirty_pool():
     del junk
 
 
+@pytest.mark.parametrize("in_place", [True, False], ids=["in_place", "copies"])
 @pytest.mark.parametrize("k", [5, 1030])
 @pytest.mark.parametrize("a_major,b_major", [("k", "k"), ("k", "n"), ("m", "k"), ("m", "n")])
 @pytest.mark.parametrize("m,n", [(16, 2000), (2000, 16), (8, 300), (300, 8)])
-def test_k_tails_over_dirty_memory(m, n, k, a_major, b_major):
+def test_k_tails_over_dirty_memory(m, n, k, a_major, b_major, in_place, monkeypatch):
     """K not a multiple of the 32-element chunk, in every layout, both ways round (C^T =
-    B^T A^T for few columns), with odd pitches (aligned copies whose padding is NaN) and
-    without, on memory that held NaN: nothing past K reaches a result."""
+    B^T A^T for few columns), with odd pitches (read where they lie, NaN past K; or, with
+    in-place reads off, aligned copies whose padding is NaN) and without, on memory that held
+    NaN: nothing past K reaches a result."""
     import cupy
 
+    from hopmm import api
+
+    if not in_place:
+        monkeypatch.setattr(api, "_in_place_gemv", lambda *args, **kw: None)
     dtype = "bfloat16"
 
     def nan_padded(rows, cols, pad):
@@ -173,6 +197,7 @@ def test_k_tails_over_dirty_memory(m, n, k, a_major, b_major):
         c, choice = run_gemv(a, b, mma=True, cols=1, unroll=2,
                              max_rows=8 if min(m, n) <= 8 else 16)
         assert choice.config.mma
+        assert choice.config.in_place == (in_place and _has_unaligned_rows(a, b))
         assert rel_err(c, a, b) < TOL[dtype]
 
 
@@ -223,7 +248,7 @@ def test_m_major_a(m, b_major):
     assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
 
 
-@pytest.mark.parametrize("m", [17, 40])
+@pytest.mark.parametrize("m", [17, 40, 100])
 def test_rows_past_sixteen_take_row_groups(m):
     dtype = "bfloat16"
     for b in (rand((640, 900), "bfloat16"), rand((900, 640), "bfloat16").T):
@@ -326,4 +351,62 @@ def test_decode_default_path(m, b_major):
     out = cupy.full((m, 8192), cupy.nan, dtype=dtype)
     hopmm.matmul(a, b, out=out)
     assert rel_err(out, a, b) < TOL[dtype]
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("b_major", ["k", "n"])
+@pytest.mark.parametrize("m", [1, 5, 16, 33, 64, 100])
+def test_in_place_rows_at_every_offset(m, b_major, dtype):
+    """Rows read where they lie (GemvConfig.in_place): views starting at each of the 8 element
+    offsets of a 16-byte vector, over odd pitches (so every row starts at another offset), both
+    B layouts, 1-16 rows a CTA and row groups past 16, K and N with tails; no aligned copy,
+    and the result of odd rows stored in place."""
+    from hopmm import api, layout
+
+    k, n = 1003, 517
+    for offset in range(8):
+        a = rand((m, k + 9), dtype)[:, offset:offset + k]
+        b = (rand((k, n + 9), dtype)[:, offset:offset + n] if b_major == "n"
+             else rand((n, k + 9), dtype)[:, offset:offset + k].T)
+        call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+        assert call.choice.config.in_place and call.copies == []
+        assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("n", [1, 7, 13, 37])
+@pytest.mark.parametrize("a_major", ["k", "m"])
+def test_in_place_few_columns(n, a_major):
+    """More rows than columns, A's rows odd: C^T = B^T A^T streams A where it lies."""
+    dtype = "float16"
+    m, k = 3001, 1003
+    a = (rand((m, k + 5), dtype)[:, 3:3 + k] if a_major == "k"
+         else rand((k, m + 5), dtype)[:, 3:3 + m].T)
+    b = rand((k, n + 3), dtype)[:, 1:1 + n]
+    c, choice = run_gemv(a, b)
+    assert choice.config.trans_c and choice.config.in_place
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert rel_err(poisoned_matmul(a, b), a, b) < TOL[dtype]
+    c, _ = run_gemv(a, b, 4)
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert counters_zero()
+
+
+@pytest.mark.parametrize("m,n,k", [(16, 29821, 2013), (9821, 13, 1687), (4, 8191, 8191)])
+def test_unaligned_decode_takes_gemv_in_place(m, n, k):
+    """Unforced, decode products whose rows are not 16-byte aligned (an odd vocabulary, an odd
+    hidden size) run on gemv reading the rows in place; bitwise repeatable."""
+    import cupy
+
+    import hopmm
+
+    hopmm.use_schedule(None)
+    dtype = "bfloat16"
+    a, b = rand((m, k), dtype), rand((k, n), dtype)
+    text = hopmm.explain(a, b)
+    assert "schedule: gemv" in text and "read where they lie" in text, text
+    first = poisoned_matmul(a, b)
+    assert rel_err(first, a, b) < TOL[dtype]
+    assert bool((poisoned_matmul(a, b).view(cupy.uint16) == first.view(cupy.uint16)).all())
     assert counters_zero()

@@ -275,14 +275,17 @@ def test_initcheck_reads_of_tma_results_are_told_from_hopmms_own(functions, know
     ("persistent", "error exit", 1, None),     # a wrong product is never a blind spot
     ("persistent", 0, 0, None),                # not the sanitizer's error exit
     ("split_k", "error exit", 1, "workspace"),
+    ("gemv", "error exit", 0, "in place"),
+    ("gemv", "error exit", 1, None),           # the discarded bytes never reach a result
 ])
 def test_known_reason_names_the_blind_spot_a_failed_run_shows(schedule, rc, failures, known):
     rc = rel.SANITIZER_ERROR_EXIT if rc == "error exit" else rc
-    output = (_initcheck_report("cupy_copy__bfloat16_float32")
-              + f'{{"cases": 1, "failures": {failures}}}\n')
+    kernel = "hopmm_gemv_bf16_m16_w8_c1_u1_tc_ip_NN" if schedule == "gemv" else \
+        "cupy_copy__bfloat16_float32"
+    output = _initcheck_report(kernel) + f'{{"cases": 1, "failures": {failures}}}\n'
     detail = "1 errors: Uninitialized __global__ memory read of size 2 bytes"
     expected = {"tma result": rel.KNOWN_TMA_RESULT, "workspace": rel.KNOWN_BLIND_SPOT,
-                None: None}[known]
+                "in place": rel.KNOWN_IN_PLACE_READS, None: None}[known]
     assert rel.known_reason("initcheck", schedule, rc, output, detail) == expected
 
 

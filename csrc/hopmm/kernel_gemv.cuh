@@ -19,7 +19,8 @@
 // FMA bound: each 2-byte element of B costs M fp32 FMAs (plus one conversion), so at 3 TB/s
 // the kernel issues 1.5e12 x M FMAs/s = 3 M TFLOP/s of fp32 work: M = 8 needs 24 TFLOP/s, M = 16
 // 48 of the ~67 TFLOP/s an H100 SXM's CUDA cores give (132 SMs x 128 FMA/clk x 2 x 1.98 GHz).
-// Rows past 16 come in further row groups (grid x), each reading B again. Problems of few
+// Rows past 16 come in further row groups (grid x), each reading B again (from L2 where they
+// run together, see below). Problems of few
 // columns and many rows run transposed (C^T = B^T A^T, Config::kTransC: C stored transposed).
 //
 // Tensor cores (Config::kMma, 8 or 16 rows): the inner loops issue warp-wide
@@ -34,6 +35,15 @@
 // operand registers are halves of its own 16-byte loads: the mma's k slots (2q, 2q + 1) and
 // (2q + 8, 2q + 9) of lane quad q hold the chunk's elements 8q + 4h + (0, 1) and
 // 8q + 4h + (2, 3) in mma half h. Both operands use one permutation: the sums are the same.
+//
+// Rows in place (Config::kInPlace): where an operand's rows do not start on 16 bytes (an odd
+// pitch or offset), its 16-byte vectors are read as the aligned vector that holds their first
+// element and the one after it, shifted together (ld_any_v4), instead of from an aligned copy.
+// Only aligned vectors that hold an element the loop uses are read: none leaves the operand's
+// allocation, whatever lies past its last row.
+//
+// Row groups: the row groups of one column block are adjacent in blockIdx.x, so the CTAs that
+// read the same columns of B run together and the later ones find them in L2.
 //
 // Split K (S > 1): each CTA writes its kMaxRows x kBlockN fp32 partial to its own slot of the
 // scratch buffer and arrives on its tile's counter (acq_rel); the last of the S to arrive adds
@@ -97,6 +107,34 @@ __device__ __forceinline__ unsigned short ld_cached_u16(const unsigned short* p)
     return v;
 }
 
+// Eight 16-bit elements from p, which need only be 2-byte aligned: the aligned vector holding
+// the first and, where p is not aligned and the first `valid` elements reach past it, the next
+// aligned vector, shifted into one by selects and byte permutes (no dynamic register index,
+// so no local memory). Elements from `valid` on are undefined; valid >= 1.
+template <bool kStream>
+__device__ __forceinline__ uint4 ld_any_v4(const unsigned short* p, int valid) {
+    const unsigned long long at = reinterpret_cast<unsigned long long>(p);
+    const u32 shift = static_cast<u32>(at) & 15u;   // bytes, even
+    const uint4* lo_at = reinterpret_cast<const uint4*>(at - shift);
+    auto load = [](const uint4* q) { return kStream ? ld_stream_v4(q) : ld_cached_v4(q); };
+    const uint4 lo = load(lo_at);
+    const uint4 hi = shift + 2u * valid > 16u ? load(lo_at + 1) : make_uint4(0, 0, 0, 0);
+    const u32 w[kGemvVec] =   // the words of both vectors
+        {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
+    u32 by8[6], by4[5];   // shifted by 8 bytes where shift has 8, then by 4 where it has 4
+#pragma unroll
+    for (int i = 0; i < 6; ++i) by8[i] = shift & 8u ? w[i + 2] : w[i];
+#pragma unroll
+    for (int i = 0; i < 5; ++i) by4[i] = shift & 4u ? by8[i + 1] : by8[i];
+    // The last 2 bytes: the high half of one word and the low half of the next.
+    const u32 select = shift & 2u ? 0x5432u : 0x3210u;
+    u32 out[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out[j]) : "r"(by4[j]), "r"(by4[j + 1]), "r"(select));
+    return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 template <bool kBf16>
 __device__ __forceinline__ float to_f32(unsigned short h) {
     if constexpr (kBf16) {
@@ -154,7 +192,7 @@ struct GemvA {
     __device__ __forceinline__ uint4 packed8(int r, int k) const {
         if (r >= rows) return make_uint4(0, 0, 0, 0);
         if constexpr (Config::kAKMajor) {
-            return ld_cached_v4(base + static_cast<long long>(r) * ld + k);
+            return ld_a_row(base + static_cast<long long>(r) * ld + k, kGemvVec);
         } else {
             u32 w[kGemvVec / 2];
 #pragma unroll
@@ -173,7 +211,8 @@ struct GemvA {
         if constexpr (Config::kAKMajor) {
             // The whole vector lies in the row (its pitch holds whole vectors); the elements
             // past k_end are masked, not loaded one by one.
-            return keep_first(ld_cached_v4(base + static_cast<long long>(r) * ld + k), k_end - k);
+            return keep_first(ld_a_row(base + static_cast<long long>(r) * ld + k, k_end - k),
+                              k_end - k);
         } else {
             u32 w[kGemvVec / 2];
 #pragma unroll
@@ -185,6 +224,12 @@ struct GemvA {
             }
             return make_uint4(w[0], w[1], w[2], w[3]);
         }
+    }
+
+    // A vector of a K-major row of A whose first `valid` elements are used.
+    static __device__ __forceinline__ uint4 ld_a_row(const unsigned short* p, int valid) {
+        if constexpr (Config::kInPlace) return ld_any_v4<false>(p, valid);
+        else return ld_cached_v4(p);
     }
 
     __device__ __forceinline__ void vec8(int r, int k, float (&f)[kGemvVec]) const {
@@ -199,6 +244,14 @@ __device__ __forceinline__ float element(const uint4& v, int j) {
     float lo, hi;
     unpack2<kBf16>(w, lo, hi);
     return j % 2 ? hi : lo;
+}
+
+// A vector of B at p whose first `valid` elements are used: streamed, from anywhere where
+// the rows are read in place.
+template <class Config>
+__device__ __forceinline__ uint4 ld_b(const unsigned short* p, int valid = kGemvVec) {
+    if constexpr (Config::kInPlace) return ld_any_v4<true>(p, valid);
+    else return ld_stream_v4(p);
 }
 
 // ---- tensor-core helpers (Config::kMma) --------------------------------------------------
@@ -293,14 +346,14 @@ __device__ __forceinline__ void gemv_k_major(const GemvArgs& args, const GemvA<C
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                bv[u][r] = ld_stream_v4(rows[r] + (v + u * kWarpLanes + lane) * kGemvVec);
+                bv[u][r] = ld_b<Config>(rows[r] + (v + u * kWarpLanes + lane) * kGemvVec);
 #pragma unroll
         for (int u = 0; u < U; ++u) fma_vector(bv[u], v + u * kWarpLanes + lane);
     }
     for (int w = v + lane; w < v_full; w += kWarpLanes) {
         uint4 bv[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) bv[r] = ld_stream_v4(rows[r] + w * kGemvVec);
+        for (int r = 0; r < R; ++r) bv[r] = ld_b<Config>(rows[r] + w * kGemvVec);
         fma_vector(bv, w);
     }
     // The last split's elements past the last whole vector (K not a multiple of 8): one lane.
@@ -341,6 +394,7 @@ __device__ __forceinline__ void gemv_n_major(const GemvArgs& args, const GemvA<C
     // Columns past N read the last vector that starts inside the row; never stored.
     const int n0 = min(col0 + lane * kGemvVec, (args.n - 1) / kGemvVec * kGemvVec);
     const unsigned short* col = b + n0;
+    const int valid = min(kGemvVec, args.n - n0);   // columns of the vector that exist
     float acc[M][kGemvVec];
 #pragma unroll
     for (int i = 0; i < M; ++i)
@@ -360,7 +414,8 @@ __device__ __forceinline__ void gemv_n_major(const GemvArgs& args, const GemvA<C
     for (; k + U <= k_hi; k += W * U) {
         uint4 bv[U];
 #pragma unroll
-        for (int u = 0; u < U; ++u) bv[u] = ld_stream_v4(col + static_cast<long long>(k + u) * args.b_ld);
+        for (int u = 0; u < U; ++u)
+            bv[u] = ld_b<Config>(col + static_cast<long long>(k + u) * args.b_ld, valid);
 #pragma unroll
         for (int g = 0; g < U; g += kGemvVec) {
             uint4 ap[M];  // A[i][k + g .. + 8), unpacked one element at a time
@@ -380,7 +435,7 @@ __device__ __forceinline__ void gemv_n_major(const GemvArgs& args, const GemvA<C
         float ak[M];
 #pragma unroll
         for (int i = 0; i < M; ++i) ak[i] = a.at(i, kk);
-        fma_row(ld_stream_v4(col + static_cast<long long>(kk) * args.b_ld), ak);
+        fma_row(ld_b<Config>(col + static_cast<long long>(kk) * args.b_ld, valid), ak);
     }
     // Warps add their partials into the tile in warp order.
     for (int w = 0; w < W; ++w) {
@@ -434,8 +489,8 @@ __device__ __forceinline__ void gemv_k_major_mma(const GemvArgs& args, const Gem
         uint4 wl[U], wh[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            wl[u] = ld_stream_v4(w_lo + kc + u * kMmaChunk);
-            wh[u] = ld_stream_v4(w_hi + kc + u * kMmaChunk);
+            wl[u] = ld_b<Config>(w_lo + kc + u * kMmaChunk);
+            wh[u] = ld_b<Config>(w_hi + kc + u * kMmaChunk);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -451,8 +506,8 @@ __device__ __forceinline__ void gemv_k_major_mma(const GemvArgs& args, const Gem
     for (; kc < k_hi; kc += kMmaChunk) {
         const int k = kc + q * kGemvVec, valid = max(0, min(kGemvVec, k_hi - k));
         const uint4 none = make_uint4(0, 0, 0, 0);
-        const uint4 wl = valid > 0 ? keep_first(ld_stream_v4(w_lo + kc), valid) : none;
-        const uint4 wh = valid > 0 ? keep_first(ld_stream_v4(w_hi + kc), valid) : none;
+        const uint4 wl = valid > 0 ? keep_first(ld_b<Config>(w_lo + kc, valid), valid) : none;
+        const uint4 wh = valid > 0 ? keep_first(ld_b<Config>(w_hi + kc, valid), valid) : none;
         uint4 av[T];
 #pragma unroll
         for (int t = 0; t < T; ++t) av[t] = a.packed8_upto(t * kMmaCols + g, k, k_hi);
@@ -481,6 +536,7 @@ __device__ __forceinline__ void gemv_n_major_mma(const GemvArgs& args, const Gem
     // Lane group g's vector: columns 8g .. 8g + 7 (past N: the last vector that starts inside
     // the row, never stored); quad q's rows: 8q .. 8q + 7 of each chunk.
     const int n0 = min(col0 + g * kGemvVec, (args.n - 1) / kGemvVec * kGemvVec);
+    const int valid = min(kGemvVec, args.n - n0);   // columns of the vector that exist
     const unsigned short* lane_b = b + n0 + static_cast<long long>(q * kGemvVec) * args.b_ld;
     float acc[kGemvVec][4];   // [e]: mma e, columns 8s + e of the block (s: its n slot)
 #pragma unroll
@@ -508,7 +564,8 @@ __device__ __forceinline__ void gemv_n_major_mma(const GemvArgs& args, const Gem
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int j = 0; j < kGemvVec; ++j)
-                bv[u][j] = ld_stream_v4(lane_b + static_cast<long long>(kc + u * kMmaChunk + j) * args.b_ld);
+                bv[u][j] = ld_b<Config>(
+                    lane_b + static_cast<long long>(kc + u * kMmaChunk + j) * args.b_ld, valid);
 #pragma unroll
         for (int u = 0; u < U; ++u) chunk(bv[u], kc + u * kMmaChunk);
     }
@@ -518,7 +575,7 @@ __device__ __forceinline__ void gemv_n_major_mma(const GemvArgs& args, const Gem
 #pragma unroll
         for (int j = 0; j < kGemvVec; ++j)
             bv[j] = c + q * kGemvVec + j < k_hi
-                        ? ld_stream_v4(lane_b + static_cast<long long>(c + j) * args.b_ld)
+                        ? ld_b<Config>(lane_b + static_cast<long long>(c + j) * args.b_ld, valid)
                         : make_uint4(0, 0, 0, 0);
         chunk(bv, c);
     }
@@ -587,9 +644,10 @@ __device__ __forceinline__ void gemv(const GemvArgs& args) {
     extern __shared__ __align__(16) float gemv_tile[];
     // Programmatic launch: nothing touches global memory before the previous kernel is done.
     grid_dependency_wait();
-    const int col_blocks = (args.n + Config::kBlockN - 1) / Config::kBlockN;
-    const int col0 = blockIdx.x % col_blocks * Config::kBlockN;
-    const int m0 = blockIdx.x / col_blocks * Config::kMaxRows;
+    // Row groups fastest: the CTAs that read the same columns of B run side by side.
+    const int row_groups = (args.m + Config::kMaxRows - 1) / Config::kMaxRows;
+    const int col0 = blockIdx.x / row_groups * Config::kBlockN;
+    const int m0 = blockIdx.x % row_groups * Config::kMaxRows;
     const int z = args.batch_offset + blockIdx.z;
     const long long vec = kGemvVec;
     GemvA<Config> a{args.a + static_cast<long long>(args.a_batch(z)) * args.a_batch16 * vec +
