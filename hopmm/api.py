@@ -11,8 +11,7 @@ from . import device as device_mod
 from . import epilogue as epilogue_mod
 from . import fastpath, heuristics, interop, launch, layout, operands, tuning, validation
 from .problem import KERNEL_DTYPES
-from .schedules import DUAL_B_SCHEDULES
-from .schedules import GemvSchedule
+from .schedules import DUAL_B_SCHEDULES, GemvSchedule
 
 GEMV = GemvSchedule.name
 

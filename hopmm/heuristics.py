@@ -545,17 +545,16 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
 
 
 def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
-                 rival: tuple[float, str] | None = None, in_place: bool = False,
-                 max_m: int = GEMV_MAX_M) -> Choice | None:
+                 rival: tuple[float, str] | None = None, in_place: bool = False) -> Choice | None:
     """gemv where forced, or where its model beats `rival` (_tile_rival: the estimate of the
     tile kernels' choice, and what it is; None: no rival estimate, gemv is taken within
-    `max_m` rows). Problems of more than `max_m` rows and fewer columns than rows run
+    GEMV_MAX_M rows). Problems of more than GEMV_MAX_M rows and fewer columns than rows run
     transposed (C^T = B^T A^T: A is streamed). `in_place`: the operands as they lie, rows at
     any element boundary (GemvConfig.in_place)."""
-    trans_c = problem.m > max_m and problem.n < problem.m
-    if not forced and min(problem.m, problem.n) > max_m:
+    trans_c = problem.m > GEMV_MAX_M and problem.n < problem.m
+    if not forced and min(problem.m, problem.n) > GEMV_MAX_M:
         return None
-    if trans_c and not forced and problem.n > max_m:
+    if trans_c and not forced and problem.n > GEMV_MAX_M:
         return None
     kp = GemvSchedule.kernel_problem(problem, GemvConfig.default(problem.dtype, False, False, 1,
                                                                  trans_c))
@@ -588,29 +587,29 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
 
 
 # gemv on operands whose rows do not start on 16 bytes, read where they lie (GemvConfig.in_place),
-# for as many rows of C (or columns) as gemv takes at all: the alternative reads aligned copies,
+# for as many rows of C (or columns) as gemv takes at all (GEMV_MAX_M): the alternative reads aligned copies,
 # two bytes of traffic per byte at COPY_TBPS before the product starts, or routes the call to
 # cupy.matmul (copy_route_reason). In-place gemv is taken where its model beats the tile
 # kernels' estimate plus those copies. Its stream is GEMV_IN_PLACE_SLOWDOWN times slower than
 # from aligned rows (two loads and a shift per vector; NOTES v0.27: 99 against 54 us at
 # 16 x 29821 x 2013 and 16 x 29824 x 2016, fp16, N-major B, where cuBLAS took 111 and 35).
-GEMV_IN_PLACE_MAX_M = GEMV_MAX_M
 GEMV_IN_PLACE_SLOWDOWN = 1.8
 
 
+@functools.lru_cache(maxsize=4096)
 def gemv_in_place_choice(problem: Problem, device: DeviceInfo, copied_bytes: int,
                          forced: bool = False) -> Choice | None:
     """gemv reading `problem`'s operands where they lie, where forced or where its estimate
     beats the tile kernels' on aligned copies of `copied_bytes` plus those copies' time; None
-    otherwise."""
-    if not forced and min(problem.m, problem.n) > GEMV_IN_PLACE_MAX_M:
+    otherwise. Asked when a call is planned and again when it runs: remembered, as choose()
+    is."""
+    if not forced and min(problem.m, problem.n) > GEMV_MAX_M:   # before the rival's estimate
         return None
     copy_us = 2 * copied_bytes / (COPY_TBPS * 1e6)
     rival = _tile_rival(problem, device)
     if rival is not None:
         rival = (rival[0] + copy_us, f"{rival[1]} on aligned copies (+{copy_us:.1f} us)")
-    return _gemv_choice(problem, device, forced, rival, in_place=True,
-                        max_m=GEMV_IN_PLACE_MAX_M)
+    return _gemv_choice(problem, device, forced, rival, in_place=True)
 
 
 def _single_row_tail(kp: Problem) -> bool:

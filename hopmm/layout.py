@@ -92,29 +92,28 @@ def tma_major(shape2: tuple, strides2: tuple, itemsize: int, address: int) -> st
     a stride that is negative or not a multiple of 16 bytes)."""
     if address % TMA_ALIGN:
         return None
-    rows, cols = shape2
-    row_stride, col_stride = strides2
-    # A dimension of extent 1 is never stepped over: its stride is free.
-    if col_stride == itemsize or cols == 1:
-        if rows == 1 or (row_stride > 0 and row_stride % TMA_ALIGN == 0):
-            return "cols"
-    if row_stride == itemsize or rows == 1:
-        if cols == 1 or (col_stride > 0 and col_stride % TMA_ALIGN == 0):
-            return "rows"
-    return None
+    return _unit_stride_axis(shape2, strides2, itemsize,
+                             lambda stride: stride > 0 and stride % TMA_ALIGN == 0)
 
 
 def element_major(shape2: tuple, strides2: tuple, itemsize: int) -> str | None:
     """Which axis of a (rows, cols) matrix is contiguous for a kernel that reads rows at any
     element boundary (gemv in place): "cols", "rows", or None (no unit-stride axis, or a
     negative stride)."""
+    return _unit_stride_axis(shape2, strides2, itemsize, lambda stride: stride > 0)
+
+
+def _unit_stride_axis(shape2: tuple, strides2: tuple, itemsize: int, other_ok) -> str | None:
+    """"cols" or "rows": the axis of unit stride whose other axis's stride passes `other_ok`
+    ("cols" first); None where neither. A dimension of extent 1 is never stepped over: its
+    stride is free."""
     rows, cols = shape2
     row_stride, col_stride = strides2
     if col_stride == itemsize or cols == 1:
-        if rows == 1 or row_stride > 0:
+        if rows == 1 or other_ok(row_stride):
             return "cols"
     if row_stride == itemsize or rows == 1:
-        if cols == 1 or col_stride > 0:
+        if cols == 1 or other_ok(col_stride):
             return "rows"
     return None
 

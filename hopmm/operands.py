@@ -54,20 +54,13 @@ def operand3d(x2, batch_shape: tuple):
 def kernel_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands:
     """Batch views and TMA-readable operands (aligned copies where needed), and the problem
     exactly as the kernel will read them."""
-    a_view, a_map = operand3d(as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape)
-    b_view, b_map = operand3d(as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape)
+    (a_view, a_map), (b_view, b_map) = _batch_views(a, b, shapes)
     a3, a_axis = launch.prepare_operand(a_view)
     b3, b_axis = launch.prepare_operand(b_view)
     # B's lines run along its contiguous axis; its pitch is the stride of the other one.
     b_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
-    problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
-                      dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
-                      b_major="n" if b_axis == "cols" else "k",
-                      b_pitch_aligned=b_pitch % LINE_BYTES == 0)
-    # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
-    # could not be a view, an aligned buffer) has its own.
-    copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
-    return KernelOperands(a3, a_map, b3, b_map, problem, copies, {"a": a_view, "b": b_view})
+    return _operands(a, b, shapes, a3, a_map, a_axis, b3, b_map, b_axis,
+                     b_pitch % LINE_BYTES == 0, {"a": a_view, "b": b_view})
 
 
 def in_place_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands | None:
@@ -75,24 +68,34 @@ def in_place_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands | Non
     (GemvConfig.in_place): None where an operand has no unit-stride axis, or where one of
     several batch slices (of A, B or the row-major result) starts off a 16-byte vector (the
     kernel steps batches in whole vectors)."""
-    views, majors, maps = {}, {}, {}
-    for name, x, axis, is_vector in (("a", a, 0, shapes.a_is_vector),
-                                     ("b", b, 1, shapes.b_is_vector)):
-        x3, maps[name] = operand3d(as_matrix_stack(x, is_vector, axis), shapes.batch_shape)
-        majors[name] = layout.element_major(x3.shape[1:], x3.strides[1:], x3.itemsize)
-        if majors[name] is None or not _whole_vector_batches(x3.shape[0], x3.strides[0],
-                                                             x3.itemsize):
-            return None
-        views[name] = x3
+    (a3, a_map), (b3, b_map) = _batch_views(a, b, shapes)
+    axes = [layout.element_major(x3.shape[1:], x3.strides[1:], x3.itemsize) for x3 in (a3, b3)]
+    if None in axes or not all(_whole_vector_batches(x3.shape[0], x3.strides[0], x3.itemsize)
+                               for x3 in (a3, b3)):
+        return None
     if not _whole_vector_batches(shapes.batch, shapes.m * shapes.n * a.itemsize, a.itemsize):
         return None
+    return _operands(a, b, shapes, a3, a_map, axes[0], b3, b_map, axes[1], False,
+                     {"a": a3, "b": b3})
+
+
+def _batch_views(a, b, shapes: layout.MatmulShapes) -> tuple:
+    """((A's (nb, r, c) view, its BatchMapping), (B's, B's)) over the broadcast batch."""
+    return (operand3d(as_matrix_stack(a, shapes.a_is_vector, 0), shapes.batch_shape),
+            operand3d(as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape))
+
+
+def _operands(a, b, shapes: layout.MatmulShapes, a3, a_map, a_axis: str, b3, b_map,
+              b_axis: str, b_pitch_aligned: bool, views: dict) -> KernelOperands:
+    """KernelOperands of the (nb, r, c) arrays the kernel reads, `a_axis` and `b_axis` their
+    contiguous axes ("cols" or "rows")."""
     problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
-                      dtype=a.dtype.name, a_major="k" if majors["a"] == "cols" else "m",
-                      b_major="n" if majors["b"] == "cols" else "k", b_pitch_aligned=False)
-    # A materialised broadcast is a copy of its own (not repeatable as a view).
-    copies = [name for name, x in (("a", a), ("b", b)) if views[name].data.ptr != x.data.ptr]
-    return KernelOperands(views["a"], maps["a"], views["b"], maps["b"], problem, copies,
-                          dict(views))
+                      dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
+                      b_major="n" if b_axis == "cols" else "k", b_pitch_aligned=b_pitch_aligned)
+    # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
+    # could not be a view, an aligned buffer) has its own.
+    copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]
+    return KernelOperands(a3, a_map, b3, b_map, problem, copies, views)
 
 
 def _whole_vector_batches(count: int, stride: int, itemsize: int) -> bool:

@@ -107,6 +107,13 @@ __device__ __forceinline__ unsigned short ld_cached_u16(const unsigned short* p)
     return v;
 }
 
+// A 16-byte vector at an aligned p: streamed (B, read once: no L1 line) or through L1 (A).
+template <bool kStream>
+__device__ __forceinline__ uint4 ld_aligned_v4(const void* p) {
+    if constexpr (kStream) return ld_stream_v4(p);
+    else return ld_cached_v4(p);
+}
+
 // Eight 16-bit elements from p, which need only be 2-byte aligned: the aligned vector holding
 // the first and, where p is not aligned and the first `valid` elements reach past it, the next
 // aligned vector, shifted into one by selects and byte permutes (no dynamic register index,
@@ -116,9 +123,9 @@ __device__ __forceinline__ uint4 ld_any_v4(const unsigned short* p, int valid) {
     const unsigned long long at = reinterpret_cast<unsigned long long>(p);
     const u32 shift = static_cast<u32>(at) & 15u;   // bytes, even
     const uint4* lo_at = reinterpret_cast<const uint4*>(at - shift);
-    auto load = [](const uint4* q) { return kStream ? ld_stream_v4(q) : ld_cached_v4(q); };
-    const uint4 lo = load(lo_at);
-    const uint4 hi = shift + 2u * valid > 16u ? load(lo_at + 1) : make_uint4(0, 0, 0, 0);
+    const uint4 lo = ld_aligned_v4<kStream>(lo_at);
+    const uint4 hi =
+        shift + 2u * valid > 16u ? ld_aligned_v4<kStream>(lo_at + 1) : make_uint4(0, 0, 0, 0);
     const u32 w[kGemvVec] =   // the words of both vectors
         {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     u32 by8[6], by4[5];   // shifted by 8 bytes where shift has 8, then by 4 where it has 4
@@ -133,6 +140,14 @@ __device__ __forceinline__ uint4 ld_any_v4(const unsigned short* p, int valid) {
     for (int j = 0; j < 4; ++j)
         asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out[j]) : "r"(by4[j]), "r"(by4[j + 1]), "r"(select));
     return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// A vector of a row at p whose first `valid` elements are used: an aligned load, or, where
+// the kernel reads rows where they lie (Config::kInPlace), one from anywhere.
+template <class Config, bool kStream>
+__device__ __forceinline__ uint4 ld_row_v4(const unsigned short* p, int valid = kGemvVec) {
+    if constexpr (Config::kInPlace) return ld_any_v4<kStream>(p, valid);
+    else return ld_aligned_v4<kStream>(p);
 }
 
 template <bool kBf16>
@@ -192,7 +207,7 @@ struct GemvA {
     __device__ __forceinline__ uint4 packed8(int r, int k) const {
         if (r >= rows) return make_uint4(0, 0, 0, 0);
         if constexpr (Config::kAKMajor) {
-            return ld_a_row(base + static_cast<long long>(r) * ld + k, kGemvVec);
+            return ld_row_v4<Config, false>(base + static_cast<long long>(r) * ld + k, kGemvVec);
         } else {
             u32 w[kGemvVec / 2];
 #pragma unroll
@@ -211,8 +226,8 @@ struct GemvA {
         if constexpr (Config::kAKMajor) {
             // The whole vector lies in the row (its pitch holds whole vectors); the elements
             // past k_end are masked, not loaded one by one.
-            return keep_first(ld_a_row(base + static_cast<long long>(r) * ld + k, k_end - k),
-                              k_end - k);
+            const unsigned short* row = base + static_cast<long long>(r) * ld;
+            return keep_first(ld_row_v4<Config, false>(row + k, k_end - k), k_end - k);
         } else {
             u32 w[kGemvVec / 2];
 #pragma unroll
@@ -224,12 +239,6 @@ struct GemvA {
             }
             return make_uint4(w[0], w[1], w[2], w[3]);
         }
-    }
-
-    // A vector of a K-major row of A whose first `valid` elements are used.
-    static __device__ __forceinline__ uint4 ld_a_row(const unsigned short* p, int valid) {
-        if constexpr (Config::kInPlace) return ld_any_v4<false>(p, valid);
-        else return ld_cached_v4(p);
     }
 
     __device__ __forceinline__ void vec8(int r, int k, float (&f)[kGemvVec]) const {
@@ -244,14 +253,6 @@ __device__ __forceinline__ float element(const uint4& v, int j) {
     float lo, hi;
     unpack2<kBf16>(w, lo, hi);
     return j % 2 ? hi : lo;
-}
-
-// A vector of B at p whose first `valid` elements are used: streamed, from anywhere where
-// the rows are read in place.
-template <class Config>
-__device__ __forceinline__ uint4 ld_b(const unsigned short* p, int valid = kGemvVec) {
-    if constexpr (Config::kInPlace) return ld_any_v4<true>(p, valid);
-    else return ld_stream_v4(p);
 }
 
 // ---- tensor-core helpers (Config::kMma) --------------------------------------------------
@@ -346,14 +347,15 @@ __device__ __forceinline__ void gemv_k_major(const GemvArgs& args, const GemvA<C
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int r = 0; r < R; ++r)
-                bv[u][r] = ld_b<Config>(rows[r] + (v + u * kWarpLanes + lane) * kGemvVec);
+                bv[u][r] =
+                    ld_row_v4<Config, true>(rows[r] + (v + u * kWarpLanes + lane) * kGemvVec);
 #pragma unroll
         for (int u = 0; u < U; ++u) fma_vector(bv[u], v + u * kWarpLanes + lane);
     }
     for (int w = v + lane; w < v_full; w += kWarpLanes) {
         uint4 bv[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) bv[r] = ld_b<Config>(rows[r] + w * kGemvVec);
+        for (int r = 0; r < R; ++r) bv[r] = ld_row_v4<Config, true>(rows[r] + w * kGemvVec);
         fma_vector(bv, w);
     }
     // The last split's elements past the last whole vector (K not a multiple of 8): one lane.
@@ -415,7 +417,7 @@ __device__ __forceinline__ void gemv_n_major(const GemvArgs& args, const GemvA<C
         uint4 bv[U];
 #pragma unroll
         for (int u = 0; u < U; ++u)
-            bv[u] = ld_b<Config>(col + static_cast<long long>(k + u) * args.b_ld, valid);
+            bv[u] = ld_row_v4<Config, true>(col + static_cast<long long>(k + u) * args.b_ld, valid);
 #pragma unroll
         for (int g = 0; g < U; g += kGemvVec) {
             uint4 ap[M];  // A[i][k + g .. + 8), unpacked one element at a time
@@ -435,7 +437,7 @@ __device__ __forceinline__ void gemv_n_major(const GemvArgs& args, const GemvA<C
         float ak[M];
 #pragma unroll
         for (int i = 0; i < M; ++i) ak[i] = a.at(i, kk);
-        fma_row(ld_b<Config>(col + static_cast<long long>(kk) * args.b_ld, valid), ak);
+        fma_row(ld_row_v4<Config, true>(col + static_cast<long long>(kk) * args.b_ld, valid), ak);
     }
     // Warps add their partials into the tile in warp order.
     for (int w = 0; w < W; ++w) {
@@ -489,8 +491,8 @@ __device__ __forceinline__ void gemv_k_major_mma(const GemvArgs& args, const Gem
         uint4 wl[U], wh[U];
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            wl[u] = ld_b<Config>(w_lo + kc + u * kMmaChunk);
-            wh[u] = ld_b<Config>(w_hi + kc + u * kMmaChunk);
+            wl[u] = ld_row_v4<Config, true>(w_lo + kc + u * kMmaChunk);
+            wh[u] = ld_row_v4<Config, true>(w_hi + kc + u * kMmaChunk);
         }
 #pragma unroll
         for (int u = 0; u < U; ++u) {
@@ -506,8 +508,10 @@ __device__ __forceinline__ void gemv_k_major_mma(const GemvArgs& args, const Gem
     for (; kc < k_hi; kc += kMmaChunk) {
         const int k = kc + q * kGemvVec, valid = max(0, min(kGemvVec, k_hi - k));
         const uint4 none = make_uint4(0, 0, 0, 0);
-        const uint4 wl = valid > 0 ? keep_first(ld_b<Config>(w_lo + kc, valid), valid) : none;
-        const uint4 wh = valid > 0 ? keep_first(ld_b<Config>(w_hi + kc, valid), valid) : none;
+        const uint4 wl =
+            valid > 0 ? keep_first(ld_row_v4<Config, true>(w_lo + kc, valid), valid) : none;
+        const uint4 wh =
+            valid > 0 ? keep_first(ld_row_v4<Config, true>(w_hi + kc, valid), valid) : none;
         uint4 av[T];
 #pragma unroll
         for (int t = 0; t < T; ++t) av[t] = a.packed8_upto(t * kMmaCols + g, k, k_hi);
@@ -564,7 +568,7 @@ __device__ __forceinline__ void gemv_n_major_mma(const GemvArgs& args, const Gem
         for (int u = 0; u < U; ++u)
 #pragma unroll
             for (int j = 0; j < kGemvVec; ++j)
-                bv[u][j] = ld_b<Config>(
+                bv[u][j] = ld_row_v4<Config, true>(
                     lane_b + static_cast<long long>(kc + u * kMmaChunk + j) * args.b_ld, valid);
 #pragma unroll
         for (int u = 0; u < U; ++u) chunk(bv[u], kc + u * kMmaChunk);
@@ -575,7 +579,8 @@ __device__ __forceinline__ void gemv_n_major_mma(const GemvArgs& args, const Gem
 #pragma unroll
         for (int j = 0; j < kGemvVec; ++j)
             bv[j] = c + q * kGemvVec + j < k_hi
-                        ? ld_b<Config>(lane_b + static_cast<long long>(c + j) * args.b_ld, valid)
+                        ? ld_row_v4<Config, true>(
+                              lane_b + static_cast<long long>(c + j) * args.b_ld, valid)
                         : make_uint4(0, 0, 0, 0);
         chunk(bv, c);
     }
