@@ -356,6 +356,25 @@ def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
     return _best_split(sched, problem, cfg, device, forced)[0]
 
 
+def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
+    """split_k_parallel's model of the unsplit 128 x 128 tiles where they fit one wave of the
+    SMs, without its hand-off: the persistent kernel runs them with no reduction at all. Its
+    k-blocks load A's rows in 64-row boxes, the zero-filled rows past M included
+    (ZERO_ROW_US each). On 64-row products that stream B at the DRAM rate it ran ahead of the
+    64-row tiles split two or three ways (64 x 7872 x 7936 1.11 x, 64 x 5632 x 4480 1.08 x;
+    level at 39 tiles, behind at 38: NOTES v0.28), as this says. None where the tiles take
+    more than one wave."""
+    if _tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N) > device.sm_count:
+        return None
+    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    zero_rows = -problem.m % TMA_BOX_ELEMS   # of A's one 64-row box
+    total = (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n) \
+        * problem.batch * ELEM_BYTES
+    return max(k_blocks * (PARALLEL_KBLOCK_US[(BLOCK_M, UNSPLIT_BLOCK_N)]
+                           + ZERO_ROW_US * zero_rows),
+               total / (PARALLEL_DRAM_TBPS * 1e6))
+
+
 def _split_k_choice(problem: Problem, device: DeviceInfo,
                     forced: str | None) -> Choice | None:
     """Split-K where it pays: on the `forced` split-K schedule, or on whichever of them the
@@ -377,6 +396,9 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     # their best count is one split, not at all.
     if forced is None and problem.m <= SHORT_TILE_MAX_M:
         picks = [p for p in picks if p[3].block_m == WGMMA_M]
+        unsplit = _unsplit_wave_us(problem, device)
+        if unsplit is not None:
+            picks = [p for p in picks if p[0] < unsplit]
     if not picks:
         return None
     estimate, sched, splits, cfg = min(picks, key=lambda p: (p[0], p[2]))

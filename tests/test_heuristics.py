@@ -589,13 +589,36 @@ def test_more_splits_than_a_cluster_holds_run_in_parallel(device):
     assert f"in {c.splits} splits" in c.reason and "workspace slot" in c.reason
 
 
-@pytest.mark.parametrize("m,rows", [(1, 16), (16, 16), (17, 32), (32, 32), (33, None), (64, None)])
+@pytest.mark.parametrize("m,rows", [(1, 16), (16, 16), (17, 32), (24, 32)])
 @pytest.mark.parametrize("device", [H100_SXM, H100_CLUSTERS], ids=["no-capacity", "capacity"])
 def test_few_rows_take_64_row_tiles_loading_only_their_rows(m, rows, device):
     c = choose(m, 8192, 8192, device=device, **GEMV_ASIDE)
     assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
     assert c.config.a_rows == rows
     assert -(-8192 // c.config.block_n) * c.splits <= device.sm_count
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 8192, 8192), (64, 7872, 7936), (64, 5632, 4480),
+                                   (48, 8192, 8192)])
+def test_products_of_one_wave_that_stream_b_run_unsplit(m, n, k):
+    """One wave of unsplit 128 x 128 tiles, no reduction: ahead of the 64-row tiles split two
+    or three ways where B streams at the DRAM rate (NOTES v0.28: 64 x 7872 x 7936 1.11 x,
+    64 x 5632 x 4480 1.08 x), with few enough zero-filled A rows."""
+    c = choose(m, n, k, **GEMV_ASIDE)
+    assert c.schedule.name.startswith("persistent") and c.config.block_m == 128
+    assert c.splits == 1
+
+
+def test_unsplit_wave_model_terms():
+    unsplit = heuristics._unsplit_wave_us
+    # the DRAM term: every byte of A, B and C once
+    p = Problem(64, 7872, 7936, 1, "bfloat16")
+    total = (64 * 7936 + 7936 * 7872 + 64 * 7872) * 2
+    assert unsplit(p, H100_SXM) == pytest.approx(total / (heuristics.PARALLEL_DRAM_TBPS * 1e6))
+    # zero-filled rows of A's box slow each k-block; more tiles than SMs: no estimate
+    assert unsplit(Problem(1, 2048, 65536, 1, "bfloat16"), H100_SXM) > \
+        unsplit(Problem(64, 2048, 65536, 1, "bfloat16"), H100_SXM)
+    assert unsplit(Problem(64, 20000, 4096, 1, "bfloat16"), H100_SXM) is None
 
 
 def test_few_rows_of_an_m_major_a_load_whole_tiles():
@@ -605,10 +628,11 @@ def test_few_rows_of_an_m_major_a_load_whole_tiles():
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
-    (1, 4096, 4096, 4), (64, 4992, 5952, 3), (64, 2048, 32768, 8), (8, 2048, 16384, 8)])
+    (1, 4096, 4096, 4), (64, 4864, 7552, 3), (64, 2048, 32768, 8), (8, 2048, 16384, 8)])
 def test_few_rows_split_to_fill_the_sms(m, n, k, splits):
     """v0.17: the counts within 2 % of the fastest measured (1 x 4096 x 4096: 17.6 us on 4
-    splits, 20.7 on 1; 64 x 2048 x 32768: 52.9 on 8, 59.8 on 2)."""
+    splits, 20.7 on 1; 64 x 2048 x 32768: 52.9 on 8, 59.8 on 2); v0.28: 64 x 4864 x 7552 on 3
+    splits, 1.09 x the unsplit tiles."""
     c = choose(m, n, k, **GEMV_ASIDE)
     assert (c.schedule, c.config.block_m, c.splits) == (SplitKParallelSchedule, 64, splits)
 
