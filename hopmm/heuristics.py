@@ -753,6 +753,10 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
+    unsplit = _unsplit_wave_us(problem, device) if problem.m <= SHORT_TILE_MAX_M else None
+    if schedule is None and unsplit is not None:
+        why += (f"; unsplit ({unsplit:.1f} us by split_k_parallel's model without its "
+                f"hand-off): split 64-row tiles would not be faster")
     if schedule is None and long_k and cfg.block_n in OVERLAP_WIDTHS and \
             cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
