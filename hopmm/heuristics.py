@@ -396,9 +396,11 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     # their best count is one split, not at all.
     if forced is None and problem.m <= SHORT_TILE_MAX_M:
         picks = [p for p in picks if p[3].block_m == WGMMA_M]
+        # ... unless one wave of the unsplit 128-row tiles is faster by more than the model's
+        # slack (PARALLEL_FILL_SLACK: within it the split keeps the problem, as before).
         unsplit = _unsplit_wave_us(problem, device)
         if unsplit is not None:
-            picks = [p for p in picks if p[0] < unsplit]
+            picks = [p for p in picks if p[0] <= unsplit * PARALLEL_FILL_SLACK]
     if not picks:
         return None
     estimate, sched, splits, cfg = min(picks, key=lambda p: (p[0], p[2]))
@@ -756,7 +758,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     unsplit = _unsplit_wave_us(problem, device) if problem.m <= SHORT_TILE_MAX_M else None
     if schedule is None and unsplit is not None:
         why += (f"; unsplit ({unsplit:.1f} us by split_k_parallel's model without its "
-                f"hand-off): split 64-row tiles would not be faster")
+                f"hand-off): split 64-row tiles would be slower")
     if schedule is None and long_k and cfg.block_n in OVERLAP_WIDTHS and \
             cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
