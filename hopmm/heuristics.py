@@ -360,10 +360,10 @@ def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
     """split_k_parallel's model of the unsplit 128 x 128 tiles where they fit one wave of the
     SMs, without its hand-off: the persistent kernel runs them with no reduction at all. Its
     k-blocks load A's rows in 64-row boxes, the zero-filled rows past M included
-    (ZERO_ROW_US each). On 64-row products that stream B at the DRAM rate it ran ahead of the
-    64-row tiles split two or three ways (64 x 7872 x 7936 1.11 x, 64 x 5632 x 4480 1.08 x;
-    level at 39 tiles, behind at 38: NOTES v0.28), as this says. None where the tiles take
-    more than one wave."""
+    (ZERO_ROW_US each). On 64-row products that stream B at the DRAM rate the unsplit tiles
+    ran ahead of the 64-row tiles split two or three ways (64 x 7872 x 7936 1.11 x, 64 x 5632
+    x 4480 1.08 x; level at 39 tiles, behind at 38: NOTES v0.28), which this model reproduces.
+    None where the tiles take more than one wave."""
     if _tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N) > device.sm_count:
         return None
     k_blocks = -(-problem.k // TMA_BOX_ELEMS)
