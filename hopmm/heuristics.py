@@ -247,10 +247,22 @@ def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int]
                                 operand_bytes: int, zero_rows: int = 0) -> float:
     """split_k_parallel's time model above, in microseconds; `operand_bytes` are those of
     A, B and C once, `zero_rows` the zero-filled rows of the worst tile (zero_filled_rows)."""
+    return (_parallel_stream_us(k_blocks, splits, tile, operand_bytes, zero_rows)
+            + PARALLEL_HANDOFF_US + splits * PARALLEL_SPLIT_US)
+
+
+def _parallel_stream_us(k_blocks: int, splits: int, tile: tuple[int, int],
+                        operand_bytes: int, zero_rows: int) -> float:
+    """The model's main loop: a split's k-blocks or the DRAM stream, whichever is longer."""
     kblock_us = PARALLEL_KBLOCK_US[tile] + zero_rows * ZERO_ROW_US
     compute = -(-k_blocks // splits) * kblock_us
-    dram = operand_bytes / (PARALLEL_DRAM_TBPS * 1e6)
-    return max(compute, dram) + PARALLEL_HANDOFF_US + splits * PARALLEL_SPLIT_US
+    return max(compute, operand_bytes / (PARALLEL_DRAM_TBPS * 1e6))
+
+
+def _dram_bytes(problem: Problem) -> int:
+    """Bytes of A, B and C, each once."""
+    return (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES \
+        + problem.m * problem.n * problem.batch * ELEM_BYTES
 
 
 SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)
@@ -285,10 +297,9 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
     operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
     if sched is SplitKParallelSchedule:
         top = min(bound, k_blocks if forced else max(1, k_blocks // PARALLEL_MIN_K_BLOCKS))
-        total = operands + problem.m * problem.n * problem.batch * ELEM_BYTES
         zero_rows = zero_filled_rows(problem, cfg)
-        return {s: parallel_split_estimate_us(k_blocks, s, (cfg.block_m, cfg.block_n), total,
-                                              zero_rows)
+        return {s: parallel_split_estimate_us(k_blocks, s, (cfg.block_m, cfg.block_n),
+                                              _dram_bytes(problem), zero_rows)
                 for s in range(1, top + 1)}
     least = CLUSTER_SPLIT_MIN_K_BLOCKS if sched is SplitKClusterSchedule else SPLIT_K_MIN_K_BLOCKS
     top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // least)
@@ -366,13 +377,9 @@ def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
     None where the tiles take more than one wave."""
     if _tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N) > device.sm_count:
         return None
-    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
     zero_rows = -problem.m % TMA_BOX_ELEMS   # of A's one 64-row box
-    total = (problem.m * problem.k + problem.k * problem.n + problem.m * problem.n) \
-        * problem.batch * ELEM_BYTES
-    return max(k_blocks * (PARALLEL_KBLOCK_US[(BLOCK_M, UNSPLIT_BLOCK_N)]
-                           + ZERO_ROW_US * zero_rows),
-               total / (PARALLEL_DRAM_TBPS * 1e6))
+    return _parallel_stream_us(-(-problem.k // TMA_BOX_ELEMS), 1, (BLOCK_M, UNSPLIT_BLOCK_N),
+                               _dram_bytes(problem), zero_rows)
 
 
 def _split_k_choice(problem: Problem, device: DeviceInfo,
