@@ -9,7 +9,7 @@ from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
-                        MAX_CLUSTER_SPLITS, MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
+                        MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
                         WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
                         PersistentClusterOverlapSchedule, PersistentClusterSchedule,
                         PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
@@ -77,26 +77,28 @@ SPLIT_K_MAX_SPLITS = 16
 CLUSTER_SPLIT_MIN_K_BLOCKS = 8
 # Split-K reduced in parallel (SplitKParallelSchedule): one hand-off per split instead of a
 # chain, so as many splits as the co-residency bound allows, each of at least
-# PARALLEL_MIN_K_BLOCKS k-blocks. Its model, fitted to H100 timings of every tile and split
-# count (bench/NOTES.md v0.17):
-#   time(s) = max(ceil(k_blocks / s) * PARALLEL_KBLOCK_US[tile],  bytes of A, B and C /
-#                 PARALLEL_DRAM_TBPS)  +  PARALLEL_HANDOFF_US  +  s * PARALLEL_SPLIT_US
-# The k-block times are those of a CTA streaming alone (plus ZERO_ROW_US for each zero-filled
-# row of its worst tile); the DRAM rate is what the kernel's TMA loads of B reach.
+# PARALLEL_MIN_K_BLOCKS k-blocks. Its model, fitted to 857 H100 timings of every tile and
+# split count on problems of 16-2624 rows (bench/NOTES.md v0.29; first fitted in v0.17):
+#   time(s) = max(ceil(k_blocks / s) * k-block,  bytes of A, B and C / PARALLEL_DRAM_TBPS,
+#                 all CTAs' operand tiles / PARALLEL_L2_TBPS)
+#             +  PARALLEL_HANDOFF_US  +  s * PARALLEL_SPLIT_US
+#   k-block = (PARALLEL_KBLOCK_US[tile] + ZERO_ROW_US * zero-filled rows of the worst tile)
+#             * (1 + PARALLEL_LOAD * the share of the SMs the CTAs take)
+# The k-block times are those of a CTA streaming alone; with every SM busy each takes
+# 1 + PARALLEL_LOAD times as long (L2 and DRAM shared). A row TMA zero-fills past the
+# problem's edge costs far less than a loaded one. The DRAM rate is what the kernel's TMA
+# loads of B reach; the L2 term binds where many CTAs load narrow tiles.
 PARALLEL_MIN_K_BLOCKS = 4
-PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.18, (WGMMA_M, 256): 0.33, (BLOCK_M, 128): 0.30}
+PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.15, (WGMMA_M, 256): 0.28, (BLOCK_M, 128): 0.26}
+PARALLEL_LOAD = 0.8
 PARALLEL_DRAM_TBPS = 2.6
+PARALLEL_L2_TBPS = 10.0
 PARALLEL_HANDOFF_US = 5.0
 PARALLEL_SPLIT_US = 0.1
-# Rows of a tile that TMA zero-fills past the problem's edge cost about as much time as loaded
-# ones, so each adds this much to its tile's k-block time (bench/NOTES.md v0.17).
-ZERO_ROW_US = 0.004
+ZERO_ROW_US = 0.0005
 # Where the DRAM term binds, more splits ran faster than the model's one rate says: the most
 # splits within this factor of the best estimate are taken (bench/NOTES.md v0.17).
 PARALLEL_FILL_SLACK = 1.03
-# 128-row tiles: split_k_parallel is weighed against the other split-K schedules only where it
-# takes more splits than a cluster holds; with no more, split_k_cluster's reduction ran as fast
-# or faster (bench/NOTES.md v0.17).
 # Problems of at most this many rows that split K run on split_k_parallel's 64-row tiles: a
 # 128-row tile computes as many rows again that are never stored, at the cost of loaded ones
 # (bench/NOTES.md v0.17). Unsplit, the persistent kernels' wider 128-row tiles streamed B
@@ -104,6 +106,14 @@ PARALLEL_FILL_SLACK = 1.03
 SHORT_TILE_MAX_M = 64
 # The tile width the unsplit baseline of the split-K models is rated on.
 UNSPLIT_BLOCK_N = 128
+# The persistent kernel's unsplit 128 x 128 tiles in one wave, what a split must beat, fitted
+# to H100 timings of 84 such problems (bench/NOTES.md v0.29, 5 % rms):
+#   time = max(k_blocks * UNSPLIT_KBLOCK_US * (1 + UNSPLIT_LOAD * the share of the SMs busy),
+#              bytes of A, B and C / UNSPLIT_DRAM_TBPS)  +  UNSPLIT_EPILOGUE_US
+UNSPLIT_KBLOCK_US = 0.275
+UNSPLIT_LOAD = 0.4
+UNSPLIT_DRAM_TBPS = 2.8
+UNSPLIT_EPILOGUE_US = 2.0
 
 
 @dataclass(frozen=True)
@@ -244,19 +254,18 @@ def zero_filled_rows(problem: Problem, cfg: KernelConfig) -> int:
 
 
 def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int],
-                                operand_bytes: int, zero_rows: int = 0) -> float:
+                                operand_bytes: int, zero_rows: int = 0,
+                                busy: float = 0.0, tile_bytes: int = 0) -> float:
     """split_k_parallel's time model above, in microseconds; `operand_bytes` are those of
-    A, B and C once, `zero_rows` the zero-filled rows of the worst tile (zero_filled_rows)."""
-    return (_parallel_stream_us(k_blocks, splits, tile, operand_bytes, zero_rows)
+    A, B and C once, `zero_rows` the zero-filled rows of the worst tile (zero_filled_rows),
+    `busy` the share of the SMs its CTAs take, `tile_bytes` the operand tiles all its CTAs
+    load (through L2)."""
+    kblock_us = ((PARALLEL_KBLOCK_US[tile] + zero_rows * ZERO_ROW_US)
+                 * (1 + PARALLEL_LOAD * min(busy, 1.0)))
+    return (max(-(-k_blocks // splits) * kblock_us,
+                operand_bytes / (PARALLEL_DRAM_TBPS * 1e6),
+                tile_bytes / (PARALLEL_L2_TBPS * 1e6))
             + PARALLEL_HANDOFF_US + splits * PARALLEL_SPLIT_US)
-
-
-def _parallel_stream_us(k_blocks: int, splits: int, tile: tuple[int, int],
-                        operand_bytes: int, zero_rows: int) -> float:
-    """The model's main loop: a split's k-blocks or the DRAM stream, whichever is longer."""
-    kblock_us = PARALLEL_KBLOCK_US[tile] + zero_rows * ZERO_ROW_US
-    compute = -(-k_blocks // splits) * kblock_us
-    return max(compute, operand_bytes / (PARALLEL_DRAM_TBPS * 1e6))
 
 
 def _dram_bytes(problem: Problem) -> int:
@@ -272,9 +281,15 @@ def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelCon
     """The tiles a split-K schedule may take for `problem`, with the deepest ring that fits:
     128 x 128, or on split_k_parallel 64 x 128 and 64 x 256 for problems of at most
     SHORT_TILE_MAX_M rows (loading no more rows of A than the problem has, in TRIMMED_A_ROWS
-    steps)."""
+    steps); for more rows, those 64-row tiles as well where they all run at once
+    (_short_tiles_at_once)."""
     short = sched is SplitKParallelSchedule and problem.m <= SHORT_TILE_MAX_M
-    shapes = [t for t in sched.tile_shapes() if t[0] == WGMMA_M] if short else [(BLOCK_M, 128)]
+    if short:
+        shapes = [t for t in sched.tile_shapes() if t[0] == WGMMA_M]
+    else:
+        shapes = [(BLOCK_M, 128)] + [t for t in sched.tile_shapes() if t[0] == WGMMA_M
+                                     and sched is SplitKParallelSchedule
+                                     and _short_tiles_at_once(problem, t, device)]
     out = []
     for block_m, block_n in shapes:
         cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
@@ -282,6 +297,15 @@ def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelCon
         if cfg is not None:
             out.append(sched.trimmed_config(cfg, problem.m) if short else cfg)
     return out
+
+
+def _short_tiles_at_once(problem: Problem, shape: tuple[int, int], device: DeviceInfo) -> bool:
+    """Whether split_k_parallel's 64-row `shape` covers a problem of more than
+    SHORT_TILE_MAX_M rows in one wave of the SMs, where its model (which counts no waves)
+    holds, and the 128-row tiles leave SMs idle: only then can twice as many tiles fill more
+    of them."""
+    return (_tiles(problem, *shape) <= device.sm_count
+            and _tiles(problem, BLOCK_M, shape[1]) < device.sm_count)
 
 
 def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
@@ -298,8 +322,11 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
     if sched is SplitKParallelSchedule:
         top = min(bound, k_blocks if forced else max(1, k_blocks // PARALLEL_MIN_K_BLOCKS))
         zero_rows = zero_filled_rows(problem, cfg)
+        tile_bytes = tiles * k_blocks * (cfg.a_load_rows + cfg.block_n) * TMA_BOX_ELEMS \
+            * ELEM_BYTES
         return {s: parallel_split_estimate_us(k_blocks, s, (cfg.block_m, cfg.block_n),
-                                              _dram_bytes(problem), zero_rows)
+                                              _dram_bytes(problem), zero_rows,
+                                              tiles * s / device.sm_count, tile_bytes)
                 for s in range(1, top + 1)}
     least = CLUSTER_SPLIT_MIN_K_BLOCKS if sched is SplitKClusterSchedule else SPLIT_K_MIN_K_BLOCKS
     top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // least)
@@ -368,18 +395,15 @@ def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
 
 
 def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
-    """split_k_parallel's model of the unsplit 128 x 128 tiles where they fit one wave of the
-    SMs, without its hand-off: the persistent kernel runs them with no reduction at all. Its
-    k-blocks load A's rows in 64-row boxes, the zero-filled rows past M included
-    (ZERO_ROW_US each). On 64-row products that stream B at the DRAM rate the unsplit tiles
-    ran ahead of the 64-row tiles split two or three ways (64 x 7872 x 7936 1.11 x, 64 x 5632
-    x 4480 1.08 x; level at 39 tiles, behind at 38: NOTES v0.28), which this model reproduces.
-    None where the tiles take more than one wave."""
-    if _tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N) > device.sm_count:
+    """The persistent kernel's time for the unsplit 128 x 128 tiles where they fit one wave of
+    the SMs (the unsplit model above); None where they take more than one wave."""
+    tiles = _tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N)
+    if tiles > device.sm_count:
         return None
-    zero_rows = -problem.m % TMA_BOX_ELEMS   # of A's one 64-row box
-    return _parallel_stream_us(-(-problem.k // TMA_BOX_ELEMS), 1, (BLOCK_M, UNSPLIT_BLOCK_N),
-                               _dram_bytes(problem), zero_rows)
+    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    compute = k_blocks * UNSPLIT_KBLOCK_US * (1 + UNSPLIT_LOAD * tiles / device.sm_count)
+    return (max(compute, _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6))
+            + UNSPLIT_EPILOGUE_US)
 
 
 def _split_k_choice(problem: Problem, device: DeviceInfo,
@@ -394,24 +418,28 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
             splits, estimate = _best_split(sched, problem, cfg, device, forced is not None)
             if forced or splits >= 2 or cfg.block_m == WGMMA_M:
                 picks.append((estimate or 0.0, sched, splits, cfg))
-    if forced is None:
-        picks = [p for p in picks if not (p[1] is SplitKParallelSchedule
-                                          and p[3].block_m == BLOCK_M
-                                          and p[2] <= MAX_CLUSTER_SPLITS)]
     # Problems of few rows split on the 64-row tiles (SHORT_TILE_MAX_M) whatever the models of
     # the 128-row split-K schedules say (those models do not see the rows past M), or, where
     # their best count is one split, not at all.
     if forced is None and problem.m <= SHORT_TILE_MAX_M:
         picks = [p for p in picks if p[3].block_m == WGMMA_M]
         # ... unless one wave of the unsplit 128-row tiles is faster by more than the model's
-        # slack (PARALLEL_FILL_SLACK: within it the split keeps the problem, as before).
+        # slack (PARALLEL_FILL_SLACK: within it the split keeps the problem).
         unsplit = _unsplit_wave_us(problem, device)
         if unsplit is not None:
             picks = [p for p in picks if p[0] <= unsplit * PARALLEL_FILL_SLACK]
+    elif forced is None:
+        # More rows: the 64-row tiles (twice as many as the 128-row tiles, which leave SMs
+        # idle) only where their model beats one wave of the unsplit 128-row tiles by
+        # SPLIT_K_MIN_GAIN, split or not.
+        unsplit = _unsplit_wave_us(problem, device)
+        picks = [p for p in picks if p[3].block_m == BLOCK_M
+                 or (unsplit is not None and p[0] * SPLIT_K_MIN_GAIN <= unsplit)]
     if not picks:
         return None
     estimate, sched, splits, cfg = min(picks, key=lambda p: (p[0], p[2]))
-    if forced is None and splits == 1:
+    if forced is None and splits == 1 and (cfg.block_m == BLOCK_M
+                                           or problem.m <= SHORT_TILE_MAX_M):
         return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     k_blocks = sched.k_blocks(problem, cfg)
@@ -425,10 +453,15 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
                f"CTAs" + (f", {clusters} of which run at once" if clusters else ""))
     else:
         how = "reduced in order through an fp32 workspace"
+    split = (f"{k_blocks} k-blocks in {splits} splits ({k_blocks // splits}-"
+             f"{-(-k_blocks // splits)} k-blocks each, {how})" if splits > 1 else
+             f"{k_blocks} k-blocks unsplit, twice as many tiles as of 128 rows, all at once")
+    unsplit = _unsplit_wave_us(problem, device) if cfg.block_m < BLOCK_M else None
     why = (f"{sched.name}: {tiles} tiles of {cfg.block_m}x{cfg.block_n} for {device.sm_count} "
-           f"SMs, {k_blocks} k-blocks in {splits} splits ({k_blocks // splits}-"
-           f"{-(-k_blocks // splits)} k-blocks each, {how})"
+           f"SMs, {split}"
            + (f"; predicted {estimate:.1f} us" if estimate else "")
+           + (f" against {unsplit:.1f} us for one wave of the unsplit 128-row tiles"
+              if unsplit is not None and estimate else "")
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
     return Choice(sched, cfg, why, _raster_group(problem, cfg, device, splits), splits)
@@ -735,7 +768,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         if schedule is not None:
             raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared "
                                f"memory per block is too little for split-K's 128x128 tile")
-    if schedule is None and _b_rows_unaligned(problem):
+    if schedule is None and _b_rows_unaligned(problem) and \
+            -(-problem.m // BLOCK_M) >= UNALIGNED_B_SCHEDULE.cluster_size:
         picked = _fastest_tile(UNALIGNED_B_SCHEDULE, problem, device)
         if picked is not None and picked[0].stages >= FAST_STAGES:
             cfg, why = picked
@@ -762,10 +796,12 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
-    unsplit = _unsplit_wave_us(problem, device) if problem.m <= SHORT_TILE_MAX_M else None
+    weighed = any(c.block_m == WGMMA_M
+                  for c in split_configs(SplitKParallelSchedule, problem, device))
+    unsplit = _unsplit_wave_us(problem, device) if weighed else None
     if schedule is None and unsplit is not None:
-        why += (f"; unsplit ({unsplit:.1f} us by split_k_parallel's model without its "
-                f"hand-off): split 64-row tiles would be slower")
+        why += (f"; unsplit ({unsplit:.1f} us by the model of one wave of unsplit tiles): "
+                f"split 64-row tiles would be slower")
     if schedule is None and long_k and cfg.block_n in OVERLAP_WIDTHS and \
             cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "

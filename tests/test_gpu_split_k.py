@@ -14,6 +14,7 @@ from conftest import requires_hopper
 pytestmark = requires_hopper
 
 TOL = {"bfloat16": 1e-2, "float16": 2e-3}
+BLOCK_M = 128   # schedules.BLOCK_M
 
 
 @pytest.fixture(autouse=True)
@@ -51,13 +52,25 @@ SPLIT_K = ["split_k", "split_k_cluster", "split_k_parallel"]
 CLUSTER_MAX = 8   # schedules.MAX_CLUSTER_SPLITS
 
 
-def run_split(a, b, splits, schedule="split_k"):
+def run_split(a, b, splits, schedule="split_k", block_m=None):
     """C = A @ B on the split-K kernel of `schedule` with exactly `splits` splits (output
-    poisoned first). Returns (C, the choice)."""
+    poisoned first), on tiles of `block_m` rows, or those the heuristic forces where their
+    bound allows `splits` (else 128). Returns (C, the choice)."""
     from hopmm import heuristics
+    from hopmm.layout import MAX_GRID_Z
 
-    return forced.run_choice(a, b, lambda problem, dev: dataclasses.replace(
-        heuristics.choose(problem, dev, schedule), splits=splits))
+    def pick(problem, dev):
+        c = heuristics.choose(problem, dev, schedule)
+        count = min(problem.batch, MAX_GRID_Z)
+        if block_m is not None or c.schedule.max_splits(problem, c.config, count,
+                                                        dev.sm_count) < splits:
+            want = block_m or BLOCK_M
+            c = dataclasses.replace(c, config=next(
+                cfg for cfg in heuristics.split_configs(c.schedule, problem, dev)
+                if cfg.block_m == want))
+        return dataclasses.replace(c, splits=splits)
+
+    return forced.run_choice(a, b, pick)
 
 
 def semaphores_zero():
@@ -89,6 +102,45 @@ def test_split_k_matches_cupy(m, n, k, splits, dtype, schedule):
     a, b = rand((m, k), dtype), rand((k, n), dtype)
     c, choice = run_split(a, b, splits, schedule)
     assert choice.splits == splits and choice.schedule.name == schedule
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert semaphores_zero()
+
+
+# (m, n, k, splits): split_k_parallel's 64-row tiles over several M tiles (problems of more
+# than 64 rows whose 64-row tiles all run at once): M not a multiple of 64, uneven splits, K
+# not a multiple of 64, one split, N edges of both widths.
+MANY_ROW_TILES = [(192, 1000, 3000, 3), (200, 300, 4097, 5), (130, 129, 999, 2),
+                  (333, 257, 8192, 1), (1000, 60, 2000, 2), (448, 256, 6000, 4)]
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k,splits", MANY_ROW_TILES,
+                         ids=[f"{m}x{n}x{k}_s{s}" for m, n, k, s in MANY_ROW_TILES])
+def test_parallel_64_row_tiles_over_many_rows(m, n, k, splits, dtype):
+    """The same sums as the 128-row tiles, bitwise (each row's partials in the same order),
+    every run."""
+    import cupy
+
+    a, b = rand((m, k), dtype), rand((k, n), dtype)
+    c, choice = run_split(a, b, splits, "split_k_parallel", block_m=64)
+    assert choice.config.block_m == 64 and choice.splits == splits
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert semaphores_zero()
+    bits = c.view(cupy.uint16).copy()
+    wide, _ = run_split(a, b, splits, "split_k_parallel", block_m=BLOCK_M)
+    assert bool(cupy.array_equal(wide.view(cupy.uint16), bits))
+    again, _ = run_split(a, b, splits, "split_k_parallel", block_m=64)
+    assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
+
+
+@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
+def test_parallel_64_row_tiles_transposed_and_batched(ta, tb):
+    dtype = "bfloat16"
+    m, n, k, batch = 200, 136, 1500, 3
+    a = rand((batch, k, m), dtype).transpose(0, 2, 1) if ta else rand((batch, m, k), dtype)
+    b = rand((batch, n, k), dtype).transpose(0, 2, 1) if tb else rand((batch, k, n), dtype)
+    c, choice = run_split(a, b, 5, "split_k_parallel", block_m=64)
+    assert choice.config.block_m == 64
     assert rel_err(c, a, b) < TOL[dtype]
     assert semaphores_zero()
 

@@ -198,25 +198,24 @@ def test_default_schedule_is_persistent_with_overlapped_epilogues_on_192_wide_ti
 
 from hopmm.schedules import SplitKSchedule  # noqa: E402
 
-# Few tiles and a long K that split in no more CTAs than a cluster holds (the serial chain or
-# split_k_cluster); 256 x 256 x 65536 and 64 x 2048 x 32768 take split_k_parallel (below).
+# Few tiles and a long K; 256 x 256 x 65536 and 64 x 2048 x 32768 take split_k_parallel's
+# 64-row tiles (below).
 TARGETS = [(512, 512, 16384), (128, 4096, 16384)]
 
 
 @pytest.mark.parametrize("m,n,k", TARGETS)
 def test_few_tiles_and_long_k_take_split_k(m, n, k):
     c = choose(m, n, k)
-    assert c.schedule is SplitKSchedule and c.splits >= 2
-    tiles = -(-m // 128) * -(-n // 128)
+    assert c.schedule.split_k and c.splits >= 2
+    tiles = -(-m // c.config.block_m) * -(-n // c.config.block_n)
     assert tiles * c.splits <= H100_SXM.sm_count
-    assert -(-k // 64) // c.splits >= heuristics.SPLIT_K_MIN_K_BLOCKS
     assert c.splits <= heuristics.SPLIT_K_MAX_SPLITS
-    assert f"in {c.splits} splits" in c.reason and "operand stages not reused" in c.reason
+    assert f"in {c.splits} splits" in c.reason
 
 
 def test_split_counts_of_the_target_shapes():
-    # The time model's minima, which are the fastest counts measured on an H100.
-    assert [choose(m, n, k).splits for m, n, k in TARGETS] == [4, 2]
+    # split_k's model minima, which are the fastest counts measured on split_k on an H100.
+    assert [choose(m, n, k, schedule="split_k").splits for m, n, k in TARGETS] == [4, 2]
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
@@ -227,9 +226,10 @@ def test_split_counts_of_the_target_shapes():
     (1024, 1024, 2048, 1), (1024, 512, 2048, 1), (512, 512, 2048, 1),      # 2 x 16 lost
     (1024, 1024, 1024, 1)])                   # 2 splits of 8 k-blocks lost (254 -> 172)
 def test_split_counts_measured_on_an_h100(m, n, k, splits):
-    """bench/NOTES.md v0.11: the fastest of 1-4 splits, or 1 where splitting lost."""
-    c = choose(m, n, k)
-    assert c.splits == splits and (c.schedule is SplitKSchedule) == (splits > 1)
+    """bench/NOTES.md v0.11: split_k's fastest of 1-4 splits, or 1 where splitting lost."""
+    p = Problem(m, n, k, 1, "bfloat16")
+    cfg = heuristics.split_configs(SplitKSchedule, p, H100_SXM)[0]
+    assert heuristics.split_count(p, cfg, H100_SXM) == splits
 
 
 def test_split_k_model_terms():
@@ -287,14 +287,14 @@ from hopmm.schedules import MAX_CLUSTER_SPLITS, SplitKClusterSchedule  # noqa: E
 H100_CLUSTERS = replace(H100_SXM, cluster_capacity=(132, 66, 39, 30, 22, 17, 15, 15))
 
 
-def test_unknown_cluster_capacity_keeps_the_serial_split_k():
+def test_unknown_cluster_capacity_keeps_off_the_cluster_kernel():
     # H100_SXM reports none: the model cannot tell the cluster kernel's waves.
     assert H100_SXM.clusters_at_once(2) is None
-    assert all(choose(m, n, k).schedule is SplitKSchedule for m, n, k in TARGETS)
+    assert all(choose(m, n, k).schedule is not SplitKClusterSchedule for m, n, k in TARGETS)
 
 
 @pytest.mark.parametrize("m,n,k,splits", [
-    (512, 512, 16384, 6), (512, 1024, 8192, 3), (1024, 1024, 4096, 2), (128, 4096, 16384, 2),
+    (1024, 1024, 4096, 2), (128, 4096, 16384, 2),
     # v0.17: down to splits of 8 k-blocks (CLUSTER_SPLIT_MIN_K_BLOCKS)
     (1024, 512, 2048, 3), (512, 512, 2048, 4), (1024, 1024, 2048, 2), (300, 1000, 3000, 4),
     (640, 1024, 3072, 2), (200, 2000, 2000, 3), (2048, 512, 2048, 2)])
@@ -306,13 +306,22 @@ def test_known_capacity_takes_the_fastest_measured(m, n, k, splits):
     assert (c.schedule, c.splits) == (SplitKClusterSchedule, splits)
 
 
+@pytest.mark.parametrize("m,n,k,splits", [(512, 512, 16384, 8), (512, 1024, 8192, 4)])
+def test_parallel_128_row_tiles_where_they_ran_fastest(m, n, k, splits):
+    """bench/NOTES.md v0.29 (TFLOP/s): 512 x 512 x 16384 350 on 8 splits against
+    split_k_cluster's 291 on 4 and split_k's 270 on 4; 512 x 1024 x 8192 391 on 4 against
+    split_k's 353 on 3 and split_k_cluster's 319 on 2."""
+    c = choose(m, n, k, device=H100_CLUSTERS)
+    assert (c.schedule, c.config.block_m, c.splits) == (SplitKParallelSchedule, 128, splits)
+
+
 def test_a_split_of_too_few_k_blocks_is_not_taken():
     # 1024 x 1024 x 1024: 2 splits of 8 k-blocks lost on both split-K schedules
     assert choose(1024, 1024, 1024, device=H100_CLUSTERS).splits == 1
     assert choose(512, 512, 1024, device=H100_CLUSTERS).splits == 1
 
 
-@pytest.mark.parametrize("m,n,k", TARGETS)
+@pytest.mark.parametrize("m,n,k", [(128, 4096, 16384), (1024, 1024, 4096)])
 def test_known_capacity_takes_split_k_in_clusters(m, n, k):
     c = choose(m, n, k, device=H100_CLUSTERS)
     assert c.schedule is SplitKClusterSchedule and 2 <= c.splits <= MAX_CLUSTER_SPLITS
@@ -581,29 +590,32 @@ from hopmm.schedules import SplitKParallelSchedule, TRIMMED_A_ROWS  # noqa: E402
 
 @pytest.mark.parametrize("device", [H100_SXM, H100_CLUSTERS], ids=["no-capacity", "capacity"])
 def test_more_splits_than_a_cluster_holds_run_in_parallel(device):
-    """256 x 256 x 65536 (4 tiles): v0.17 measured 34.6-36.8 us on 12-33 splits against 44 on
-    split_k_cluster's 8 and 59 on split_k's 9."""
+    """256 x 256 x 65536 (4 tiles of 128 rows): v0.17 measured 34.6-36.8 us on 12-33 splits
+    against 44 on split_k_cluster's 8 and 59 on split_k's 9; v0.29 262-270 TFLOP/s on 8-16
+    splits of 16 tiles of 64 rows against 251 on 21 splits of the 128-row tiles."""
     c = choose(256, 256, 65536, device=device)
-    assert c.schedule is SplitKParallelSchedule and (c.config.block_m, c.config.block_n) == (128, 128)
-    assert 12 <= c.splits <= 33 and c.splits > MAX_CLUSTER_SPLITS
+    assert c.schedule is SplitKParallelSchedule and (c.config.block_m, c.config.block_n) == (64, 128)
+    assert 8 <= c.splits <= 16 and c.splits > MAX_CLUSTER_SPLITS // 2
     assert f"in {c.splits} splits" in c.reason and "workspace slot" in c.reason
 
 
 @pytest.mark.parametrize("m,rows", [(1, 16), (16, 16), (17, 32), (24, 32)])
 @pytest.mark.parametrize("device", [H100_SXM, H100_CLUSTERS], ids=["no-capacity", "capacity"])
 def test_few_rows_take_64_row_tiles_loading_only_their_rows(m, rows, device):
-    c = choose(m, 8192, 8192, device=device, **GEMV_ASIDE)
+    c = choose(m, 2048, 16384, device=device, **GEMV_ASIDE)
     assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
     assert c.config.a_rows == rows
-    assert -(-8192 // c.config.block_n) * c.splits <= device.sm_count
+    assert -(-2048 // c.config.block_n) * c.splits <= device.sm_count
 
 
 @pytest.mark.parametrize("m,n,k", [(64, 8192, 8192), (64, 7872, 7936), (64, 5632, 4480),
-                                   (48, 8192, 8192)])
+                                   (48, 8192, 8192), (24, 8192, 8192), (26, 8205, 11617),
+                                   (43, 6733, 20642), (12, 6144, 6144)])
 def test_products_of_one_wave_that_stream_b_run_unsplit(m, n, k):
     """One wave of unsplit 128 x 128 tiles, no reduction: ahead of the 64-row tiles split two
     or three ways where B streams at the DRAM rate (NOTES v0.28: 64 x 7872 x 7936 1.11 x,
-    64 x 5632 x 4480 1.08 x), with few enough zero-filled A rows."""
+    64 x 5632 x 4480 1.08 x; v0.29: 24 x 8192 x 8192 1.09 x, 26 x 8205 x 11617 1.07 x,
+    43 x 6733 x 20642 1.05 x, 12 x 6144 x 6144 1.09 x), the zero-filled A rows included."""
     c = choose(m, n, k, **GEMV_ASIDE)
     assert c.schedule.name.startswith("persistent") and c.config.block_m == 128
     assert c.splits == 1
@@ -611,18 +623,23 @@ def test_products_of_one_wave_that_stream_b_run_unsplit(m, n, k):
 
 def test_unsplit_wave_model_terms():
     unsplit = heuristics._unsplit_wave_us
-    # the DRAM term: every byte of A, B and C once
+    # the DRAM term: every byte of A, B and C once, and the epilogue
     p = Problem(64, 7872, 7936, 1, "bfloat16")
     total = (64 * 7936 + 7936 * 7872 + 64 * 7872) * 2
-    assert unsplit(p, H100_SXM) == pytest.approx(total / (heuristics.PARALLEL_DRAM_TBPS * 1e6))
-    # zero-filled rows of A's box slow each k-block; more tiles than SMs: no estimate
-    assert unsplit(Problem(1, 2048, 65536, 1, "bfloat16"), H100_SXM) > \
-        unsplit(Problem(64, 2048, 65536, 1, "bfloat16"), H100_SXM)
+    assert unsplit(p, H100_SXM) == pytest.approx(
+        total / (heuristics.UNSPLIT_DRAM_TBPS * 1e6) + heuristics.UNSPLIT_EPILOGUE_US)
+    # the k-blocks, each longer the more SMs the tiles take; more tiles than SMs: no estimate
+    few = Problem(128, 1024, 65536, 1, "bfloat16")     # 8 tiles
+    many = Problem(1024, 1024, 65536, 1, "bfloat16")   # 64 tiles
+    assert unsplit(few, H100_SXM) == pytest.approx(
+        1024 * heuristics.UNSPLIT_KBLOCK_US * (1 + heuristics.UNSPLIT_LOAD * 8 / 132)
+        + heuristics.UNSPLIT_EPILOGUE_US)
+    assert unsplit(many, H100_SXM) > unsplit(few, H100_SXM)
     assert unsplit(Problem(64, 20000, 4096, 1, "bfloat16"), H100_SXM) is None
 
 
 def test_few_rows_of_an_m_major_a_load_whole_tiles():
-    c = choose(8, 8192, 8192, a_major="m", **GEMV_ASIDE)
+    c = choose(8, 2048, 16384, a_major="m", **GEMV_ASIDE)
     assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
     assert c.config.a_rows is None and c.config.trans_a
 
@@ -654,8 +671,34 @@ def test_parallel_model_terms():
     # the k-blocks of a split, until the DRAM term binds; then each split costs a little
     assert est(1024, 4, tile, ops) > est(1024, 8, tile, ops) > est(1024, 12, tile, ops)
     assert est(1024, 33, tile, ops) > est(1024, 16, tile, ops)
-    # zero-filled rows slow each k-block
+    # zero-filled rows slow each k-block, and so do other SMs at work
     assert est(1024, 4, tile, ops, zero_rows=100) > est(1024, 4, tile, ops)
+    assert est(1024, 4, tile, ops, busy=1.0) == pytest.approx(
+        1024 / 4 * heuristics.PARALLEL_KBLOCK_US[tile] * (1 + heuristics.PARALLEL_LOAD)
+        + heuristics.PARALLEL_HANDOFF_US + 4 * heuristics.PARALLEL_SPLIT_US)
+
+
+@pytest.mark.parametrize("m,n,k", [(192, 4288, 21696), (189, 4279, 31326), (448, 256, 16448),
+                                   (422, 97, 24547), (320, 256, 27072)])
+def test_more_rows_take_64_row_tiles_where_they_fill_more_sms(m, n, k):
+    """Problems of more than 64 rows whose 128-row tiles leave SMs idle: twice as many 64-row
+    tiles (all at once) where their model beats the unsplit tiles by SPLIT_K_MIN_GAIN (v0.29:
+    189 x 4279 x 31326 402 TFLOP/s on 2 splits of 64 x 256 against 345 unsplit; 448 x 256 x
+    16448 230-236 against 193-218 on the 128-row tiles)."""
+    c = choose(m, n, k, device=H100_CLUSTERS)
+    assert c.schedule is SplitKParallelSchedule and c.config.block_m == 64
+    tiles = -(-m // 64) * -(-n // c.config.block_n)
+    assert tiles * c.splits <= H100_CLUSTERS.sm_count
+    assert "64x" in c.reason
+
+
+@pytest.mark.parametrize("m,n,k", [(172, 5603, 7340), (1024, 1024, 8192), (3392, 192, 26944)])
+def test_more_rows_keep_128_row_tiles_where_those_ran_faster(m, n, k):
+    """v0.29: 172 x 5603 x 7340 355 TFLOP/s unsplit against 298 on 64 x 256 tiles; 1024 x 1024
+    x 8192 551 on split_k_cluster's 2 splits against 476; 3392 x 192 x 26944 370 on split_k's
+    2 against 341."""
+    c = choose(m, n, k, device=H100_CLUSTERS)
+    assert c.config.block_m == 128
 
 
 def test_zero_filled_rows_of_the_worst_tile():
@@ -677,6 +720,9 @@ def test_forced_parallel_takes_any_count_the_bound_allows():
     p = Problem(256, 256, 65536, 1, "bfloat16")
     c = heuristics.choose(p, H100_SXM, "split_k_parallel")
     assert c.schedule is SplitKParallelSchedule and c.splits >= 2
+    c = replace(c, config=heuristics.split_configs(SplitKParallelSchedule, p,
+                                                     H100_SXM)[0])
+    assert c.config.block_m == 128
     assert SplitKParallelSchedule.max_splits(p, c.config, 1, 132) == 33
     with pytest.raises(ValueError, match="co-residency"):
         SplitKParallelSchedule.grid(p, c.config, 1, 132, 34)
