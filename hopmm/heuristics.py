@@ -537,9 +537,9 @@ def dual_b_pays(schedule, batch: int, m: int, n: int, k: int, itemsize: int) -> 
 # GEMV_INFLIGHT_PER_SM the grid's CTAs keep in flight (fewer CTAs, fewer loads).
 # - GEMV_DRAM_TBPS: B streamed at 0.95 of a device-to-device copy (1 x 8192 x 8192, K-major B,
 #   H100: 2.85 TB/s; bench/NOTES.md v0.18);
-# - GEMV_FMA_TFLOPS: the fp32 FMA rate with the bf16 -> fp32 conversions, measured at 16 rows
-#   (v0.18: ~21 TFLOP/s, a third of the CUDA cores' peak), so from ~8 rows on split_k_parallel's
-#   tensor cores win;
+# - GEMV_FMA_TFLOPS: the fp32 FMA rate with the bf16 -> fp32 conversions, as measured at 8
+#   rows of N-major B (v0.29: 12 TFLOP/s; v0.18 read ~21 at 16 rows), so from ~8 rows on the
+#   tile kernels' tensor cores win;
 # - GEMV_MMA_TFLOPS: the tensor-core loops' rate (GemvConfig.mma, 8-16 rows): mma.sync's
 #   bound is far above any stream's, so memory decides (predicted; NOTES v0.21);
 # - GEMV_MMA_DRAM_TBPS: the tensor-core loops' stream rate by B's layout, in place of
@@ -557,7 +557,7 @@ def dual_b_pays(schedule, batch: int, m: int, n: int, k: int, itemsize: int) -> 
 # - GEMV_MIN_SPLIT_K: elements of K per split below which the partials cost more than the
 #   CTAs they add (predicted).
 GEMV_DRAM_TBPS = 2.85
-GEMV_FMA_TFLOPS = 21.0
+GEMV_FMA_TFLOPS = 12.0
 GEMV_MMA_TFLOPS = 200.0
 GEMV_MMA_DRAM_TBPS = {"k": 2.75, "n": 2.35}
 GEMV_LAUNCH_US = 2.0

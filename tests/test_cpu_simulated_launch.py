@@ -899,8 +899,8 @@ def test_simulated_split_k_parallel(simulated_gpu, case):
 
 
 @pytest.mark.parametrize("m,k,n,batch,transposed", [
-    (1, 4096, 4096, 1, False), (2, 4096, 4096, 2, False), (8, 4096, 6000, 1, True),
-    (6, 4096, 8000, 3, False), (3, 4096, 4096, 1, True)])
+    (1, 4096, 4096, 1, False), (2, 4096, 4096, 2, False), (4, 4096, 6000, 1, True),
+    (3, 4096, 8000, 3, False), (3, 4096, 4096, 1, True)])
 def test_simulated_few_rows_take_gemv(simulated_gpu, m, k, n, batch, transposed):
     """The default path for problems of at most GEMV_MAX_M rows: gemv, K split where N alone
     gives too few CTAs; explain names it."""
