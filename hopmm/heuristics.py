@@ -66,6 +66,10 @@ SPLIT_K_HANDOFF_US = 3.7
 SPLIT_K_CLUSTER_REDUCE_US = 2.0
 CLUSTER_LOADED_SPLITS = 3
 CLUSTER_KBLOCK_LOAD = 0.9
+# ... and a cluster's k-blocks run this much longer than split_k's at the same CTA count: on 90
+# problems split two ways, split_k_cluster ran 0.93-0.97 x split_k from ~150 k-blocks a split,
+# where its cheaper reduction no longer pays (bench/NOTES.md v0.29).
+CLUSTER_KBLOCK_PREMIUM = 1.05
 # Taken only when the model predicts at least this gain over one split.
 SPLIT_K_MIN_GAIN = 1.1
 # Every split keeps at least this many k-blocks: shorter splits lost time the model does not
@@ -230,8 +234,8 @@ def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int
     if clusters is None:
         per_cta = -(-k_blocks // splits) * split_k_kblock_us(tiles * splits, sm_count)
         return max(per_cta, dram, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
-    per_cta = -(-k_blocks // splits) * split_k_kblock_us(min(tiles, clusters) * splits,
-                                                         sm_count, splits)
+    per_cta = (-(-k_blocks // splits) * CLUSTER_KBLOCK_PREMIUM
+               * split_k_kblock_us(min(tiles, clusters) * splits, sm_count, splits))
     waves = -(-tiles // clusters)
     reduce = SPLIT_K_CLUSTER_REDUCE_US if splits > 1 else 0.0
     return max(waves * per_cta, dram, l2) + waves * reduce

@@ -315,6 +315,20 @@ def test_parallel_128_row_tiles_where_they_ran_fastest(m, n, k, splits):
     assert (c.schedule, c.config.block_m, c.splits) == (SplitKParallelSchedule, 128, splits)
 
 
+@pytest.mark.parametrize("m,n,k,schedule", [
+    (960, 768, 31872, SplitKSchedule), (448, 1664, 17792, SplitKSchedule),
+    (1536, 512, 21824, SplitKSchedule),
+    (512, 1728, 5568, SplitKClusterSchedule), (1216, 512, 3008, SplitKClusterSchedule),
+    (192, 3776, 4096, SplitKClusterSchedule)])
+def test_two_splits_of_long_k_take_the_serial_reduction(m, n, k, schedule):
+    """v0.29, two splits (TFLOP/s, split_k_cluster against split_k): 960 x 768 x 31872 392 /
+    490, 448 x 1664 x 17792 381 / 477, 1536 x 512 x 21824 483 / 512 (139-249 k-blocks a
+    split); 512 x 1728 x 5568 442 / 404, 1216 x 512 x 3008 293 / 239, 192 x 3776 x 4096 323 /
+    273 (23-43 k-blocks a split)."""
+    c = choose(m, n, k, device=H100_CLUSTERS)
+    assert (c.schedule, c.splits) == (schedule, 2)
+
+
 def test_a_split_of_too_few_k_blocks_is_not_taken():
     # 1024 x 1024 x 1024: 2 splits of 8 k-blocks lost on both split-K schedules
     assert choose(1024, 1024, 1024, device=H100_CLUSTERS).splits == 1
@@ -344,7 +358,8 @@ def test_cluster_model_counts_waves_and_no_hand_offs():
     kblock = heuristics.split_k_kblock_us(128, 132, 8)
     assert kblock == pytest.approx(heuristics.SPLIT_K_KBLOCK_US
                                    * (1 + heuristics.CLUSTER_KBLOCK_LOAD * 128 / 132))
-    assert one_wave == pytest.approx(32 * kblock + heuristics.SPLIT_K_CLUSTER_REDUCE_US)
+    assert one_wave == pytest.approx(32 * kblock * heuristics.CLUSTER_KBLOCK_PREMIUM
+                                     + heuristics.SPLIT_K_CLUSTER_REDUCE_US)
     # the serial chain pays a hand-off per split instead, at the unclustered k-block time
     serial = heuristics.split_k_kblock_us(128, 132)
     assert serial < kblock
