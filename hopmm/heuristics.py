@@ -67,7 +67,7 @@ SPLIT_K_CLUSTER_REDUCE_US = 2.0
 CLUSTER_LOADED_SPLITS = 3
 CLUSTER_KBLOCK_LOAD = 0.9
 # ... and a cluster's k-blocks run this much longer than split_k's at the same CTA count: on 90
-# problems split two ways, split_k_cluster ran 0.93-0.97 x split_k from ~150 k-blocks a split,
+# problems split two ways, split_k_cluster ran 0.80-0.97 x split_k from ~150 k-blocks a split,
 # where its cheaper reduction no longer pays (bench/NOTES.md v0.29).
 CLUSTER_KBLOCK_PREMIUM = 1.05
 # Taken only when the model predicts at least this gain over one split.
