@@ -272,10 +272,14 @@ def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int]
             + PARALLEL_HANDOFF_US + splits * PARALLEL_SPLIT_US)
 
 
+def _operand_bytes(problem: Problem) -> int:
+    """Bytes of A and B, each once."""
+    return (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
+
+
 def _dram_bytes(problem: Problem) -> int:
     """Bytes of A, B and C, each once."""
-    return (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES \
-        + problem.m * problem.n * problem.batch * ELEM_BYTES
+    return _operand_bytes(problem) + problem.m * problem.n * problem.batch * ELEM_BYTES
 
 
 SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)
@@ -286,14 +290,11 @@ def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelCon
     128 x 128, or on split_k_parallel 64 x 128 and 64 x 256 for problems of at most
     SHORT_TILE_MAX_M rows (loading no more rows of A than the problem has, in TRIMMED_A_ROWS
     steps); for more rows, those 64-row tiles as well where they all run at once
-    (_short_tiles_at_once)."""
+    (_short_tile_shapes)."""
     short = sched is SplitKParallelSchedule and problem.m <= SHORT_TILE_MAX_M
-    if short:
-        shapes = [t for t in sched.tile_shapes() if t[0] == WGMMA_M]
-    else:
-        shapes = [(BLOCK_M, 128)] + [t for t in sched.tile_shapes() if t[0] == WGMMA_M
-                                     and sched is SplitKParallelSchedule
-                                     and _short_tiles_at_once(problem, t, device)]
+    shapes = [] if short else [(BLOCK_M, 128)]
+    if sched is SplitKParallelSchedule:
+        shapes += _short_tile_shapes(problem, device)
     out = []
     for block_m, block_n in shapes:
         cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
@@ -303,13 +304,16 @@ def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelCon
     return out
 
 
-def _short_tiles_at_once(problem: Problem, shape: tuple[int, int], device: DeviceInfo) -> bool:
-    """Whether split_k_parallel's 64-row `shape` covers a problem of more than
-    SHORT_TILE_MAX_M rows in one wave of the SMs, where its model (which counts no waves)
-    holds, and the 128-row tiles leave SMs idle: only then can twice as many tiles fill more
-    of them."""
-    return (_tiles(problem, *shape) <= device.sm_count
-            and _tiles(problem, BLOCK_M, shape[1]) < device.sm_count)
+def _short_tile_shapes(problem: Problem, device: DeviceInfo) -> list[tuple[int, int]]:
+    """split_k_parallel's 64-row tile shapes offered to `problem`: all of them up to
+    SHORT_TILE_MAX_M rows; for more rows, those that cover it in one wave of the SMs (where
+    the model, which counts no waves, holds) while the 128-row tiles leave SMs idle: only
+    then can twice as many tiles fill more of them."""
+    shapes = [t for t in SplitKParallelSchedule.tile_shapes() if t[0] == WGMMA_M]
+    if problem.m <= SHORT_TILE_MAX_M:
+        return shapes
+    return [t for t in shapes if _tiles(problem, *t) <= device.sm_count
+            and _tiles(problem, BLOCK_M, t[1]) < device.sm_count]
 
 
 def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
@@ -322,7 +326,7 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
     bound = sched.max_splits(problem, cfg, batch_count, device.sm_count)
     k_blocks = sched.k_blocks(problem, cfg)
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
+    operands = _operand_bytes(problem)
     if sched is SplitKParallelSchedule:
         top = min(bound, k_blocks if forced else max(1, k_blocks // PARALLEL_MIN_K_BLOCKS))
         zero_rows = zero_filled_rows(problem, cfg)
@@ -353,7 +357,7 @@ def _one_split_us(problem: Problem, device: DeviceInfo) -> float:
     """The model's time of the unsplit 128 x 128 tile: what splitting must beat by
     SPLIT_K_MIN_GAIN."""
     k_blocks = -(-problem.k // TMA_BOX_ELEMS)
-    operands = (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
+    operands = _operand_bytes(problem)
     stage = (BLOCK_M + UNSPLIT_BLOCK_N) * TMA_BOX_ELEMS * ELEM_BYTES
     return split_k_estimate_us(_tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N), k_blocks, 1, stage,
                                operands, sm_count=device.sm_count)
@@ -422,6 +426,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
             splits, estimate = _best_split(sched, problem, cfg, device, forced is not None)
             if forced or splits >= 2 or cfg.block_m == WGMMA_M:
                 picks.append((estimate or 0.0, sched, splits, cfg))
+    unsplit = _unsplit_wave_us(problem, device)
     # Problems of few rows split on the 64-row tiles (SHORT_TILE_MAX_M) whatever the models of
     # the 128-row split-K schedules say (those models do not see the rows past M), or, where
     # their best count is one split, not at all.
@@ -429,14 +434,12 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
         picks = [p for p in picks if p[3].block_m == WGMMA_M]
         # ... unless one wave of the unsplit 128-row tiles is faster by more than the model's
         # slack (PARALLEL_FILL_SLACK: within it the split keeps the problem).
-        unsplit = _unsplit_wave_us(problem, device)
         if unsplit is not None:
             picks = [p for p in picks if p[0] <= unsplit * PARALLEL_FILL_SLACK]
     elif forced is None:
         # More rows: the 64-row tiles (twice as many as the 128-row tiles, which leave SMs
         # idle) only where their model beats one wave of the unsplit 128-row tiles by
         # SPLIT_K_MIN_GAIN, split or not.
-        unsplit = _unsplit_wave_us(problem, device)
         picks = [p for p in picks if p[3].block_m == BLOCK_M
                  or (unsplit is not None and p[0] * SPLIT_K_MIN_GAIN <= unsplit)]
     if not picks:
@@ -460,12 +463,11 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     split = (f"{k_blocks} k-blocks in {splits} splits ({k_blocks // splits}-"
              f"{-(-k_blocks // splits)} k-blocks each, {how})" if splits > 1 else
              f"{k_blocks} k-blocks unsplit, twice as many tiles as of 128 rows, all at once")
-    unsplit = _unsplit_wave_us(problem, device) if cfg.block_m < BLOCK_M else None
     why = (f"{sched.name}: {tiles} tiles of {cfg.block_m}x{cfg.block_n} for {device.sm_count} "
            f"SMs, {split}"
            + (f"; predicted {estimate:.1f} us" if estimate else "")
            + (f" against {unsplit:.1f} us for one wave of the unsplit 128-row tiles"
-              if unsplit is not None and estimate else "")
+              if unsplit is not None and estimate and cfg.block_m < BLOCK_M else "")
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
     return Choice(sched, cfg, why, _raster_group(problem, cfg, device, splits), splits)
@@ -800,9 +802,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
-    weighed = any(c.block_m == WGMMA_M
-                  for c in split_configs(SplitKParallelSchedule, problem, device))
-    unsplit = _unsplit_wave_us(problem, device) if weighed else None
+    unsplit = (_unsplit_wave_us(problem, device) if _short_tile_shapes(problem, device)
+               else None)
     if schedule is None and unsplit is not None:
         why += (f"; unsplit ({unsplit:.1f} us by the model of one wave of unsplit tiles): "
                 f"split 64-row tiles would be slower")

@@ -133,26 +133,19 @@ def test_parallel_64_row_tiles_over_many_rows(m, n, k, splits, dtype):
     assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
 
 
+# Each schedule on its forced tiles, and split_k_parallel's 64-row tiles over several M tiles.
+TILED = [(schedule, None) for schedule in SPLIT_K] + [("split_k_parallel", 64)]
+
+
+@pytest.mark.parametrize("schedule,block_m", TILED)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_parallel_64_row_tiles_transposed_and_batched(ta, tb):
+def test_split_k_transposed_and_batched(ta, tb, schedule, block_m):
     dtype = "bfloat16"
     m, n, k, batch = 200, 136, 1500, 3
     a = rand((batch, k, m), dtype).transpose(0, 2, 1) if ta else rand((batch, m, k), dtype)
     b = rand((batch, n, k), dtype).transpose(0, 2, 1) if tb else rand((batch, k, n), dtype)
-    c, choice = run_split(a, b, 5, "split_k_parallel", block_m=64)
-    assert choice.config.block_m == 64
-    assert rel_err(c, a, b) < TOL[dtype]
-    assert semaphores_zero()
-
-
-@pytest.mark.parametrize("schedule", SPLIT_K)
-@pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_split_k_transposed_and_batched(ta, tb, schedule):
-    dtype = "bfloat16"
-    m, n, k, batch = 200, 136, 1500, 3
-    a = rand((batch, k, m), dtype).transpose(0, 2, 1) if ta else rand((batch, m, k), dtype)
-    b = rand((batch, n, k), dtype).transpose(0, 2, 1) if tb else rand((batch, k, n), dtype)
-    c, _ = run_split(a, b, 5, schedule)
+    c, choice = run_split(a, b, 5, schedule, block_m)
+    assert block_m is None or choice.config.block_m == block_m
     assert rel_err(c, a, b) < TOL[dtype]
     assert semaphores_zero()
 
