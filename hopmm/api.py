@@ -422,6 +422,17 @@ def _overlap(x, y) -> bool:
                            layout.byte_bounds(y.data.ptr, y.shape, y.strides, y.itemsize))
 
 
+def _tail_line(tail: heuristics.Tail, problem, dev: device_mod.DeviceInfo) -> str:
+    """explain's line for the second kernel of a choice with a tail."""
+    t, tail_prob = tail.choice, tail.problems(problem)[1]
+    part = "rows" if tail.axis == "m" else "columns"
+    grid = t.schedule.grid(tail_prob, t.config, 1, dev.sm_count, t.splits)
+    return (f"tail: {part} {tail.start}-{getattr(problem, tail.axis) - 1}, launched after the "
+            f"kernel above: {t.schedule.kernel_name(t.config)}, grid {grid}"
+            + (f", {t.splits} splits along K" if t.schedule.split_k else "")
+            + f"; {t.reason}")
+
+
 @interop.accepts_torch
 def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
             c=None) -> str:
@@ -451,8 +462,9 @@ def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
                                        a.itemsize, overlapping)
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
-        grid = c.schedule.grid(prob, c.config, min(prob.batch, layout.MAX_GRID_Z), dev.sm_count,
-                               c.splits)
+        main_prob = c.tail.problems(prob)[0] if c.tail else prob
+        grid = c.schedule.grid(main_prob, c.config, min(prob.batch, layout.MAX_GRID_Z),
+                               dev.sm_count, c.splits)
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
                   f"output: {STORE_NOTES[store]}",
@@ -464,6 +476,8 @@ def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
                   f"shared memory ({c.schedule.smem_note(c.config)})"
                   + (f", {c.splits} splits along K" if c.schedule.split_k else ""),
                   f"heuristic: {c.reason}"]
+        if c.tail:
+            lines.append(_tail_line(c.tail, prob, dev))
         if c.schedule.cluster_size > 1:
             lines.insert(-1, f"cluster: {c.schedule.cluster_size} CTAs on adjacent M tiles; "
                              f"each loads its A tile and 1/{c.schedule.cluster_size} of the "

@@ -127,6 +127,29 @@ class Choice:
     reason: str
     raster_group: int = 1   # M-tiles per group of the tile order (see tile_raster.cuh)
     splits: int = 1         # CTAs per output tile along K (split_k only)
+    # The tiles past the last whole wave, run after this choice's kernel as a problem of their
+    # own (wave_tail_choice); this choice then covers the rest of the problem only.
+    tail: "Tail | None" = None
+
+
+@dataclass(frozen=True)
+class Tail:
+    """The last rows (axis "m") or columns (axis "n") of a problem from `start` on, computed
+    by `choice` after the rest; `whole` is the choice that covers the problem alone."""
+    axis: str
+    start: int
+    choice: Choice
+    whole: Choice
+
+    def problems(self, problem: Problem) -> tuple[Problem, Problem]:
+        """(the main part, the tail) of `problem` (tail_problems)."""
+        return tail_problems(problem, self.axis, self.start)
+
+
+def tail_problems(problem: Problem, axis: str, start: int) -> tuple[Problem, Problem]:
+    """`problem`'s rows (axis "m") or columns (axis "n") before `start`, and from it on."""
+    extent = getattr(problem, axis)
+    return (replace(problem, **{axis: start}), replace(problem, **{axis: extent - start}))
 
 
 # Relative main-loop speed of one SM per tile shape (block_m, block_n): a narrower tile reads
@@ -723,7 +746,15 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     """`choice` storing a result of unaligned rows itself (KernelConfig.row_store): its own
     config with the row store where that fits; else, unless the schedule was `forced`, the
     same tile on the single-set kernel (SINGLE_SET_OF_OVERLAP); None where neither (split-K,
-    gemv: the result goes through an aligned buffer)."""
+    gemv: the result goes through an aligned buffer). A choice with a tail keeps it where
+    both parts store their rows, else falls back to its whole choice."""
+    if choice.tail is not None:
+        main_p, tail_p = choice.tail.problems(problem)
+        main = row_store_choice(replace(choice, tail=None), main_p, device, forced)
+        tail = row_store_choice(choice.tail.choice, tail_p, device, forced)
+        if main is not None and tail is not None:
+            return replace(main, tail=replace(choice.tail, choice=tail))
+        return row_store_choice(choice.tail.whole, problem, device, forced)
     sched = choice.schedule
     if not sched.row_store_ok:
         return None
@@ -752,7 +783,17 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     """The schedule and config for `problem`. `epilogue`: the call carries a fused epilogue
     (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
     is an error. `epilogue_reads`: that epilogue reads bias or c, which keeps the call off the
-    overlap kernels."""
+    overlap kernels. An unforced plain product may leave the tiles past its last whole wave
+    to a second kernel (wave_tail_choice)."""
+    choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
+    if schedule is None and not epilogue:
+        return wave_tail_choice(choice, problem, device) or choice
+    return choice
+
+
+def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
+                epilogue: bool, epilogue_reads: bool) -> Choice:
+    """choose, for the whole problem on one kernel."""
     if schedule in DUAL_B_SCHEDULES:
         raise ValueError(f"schedule {schedule!r} computes hopmm.matmul_shared_a and "
                          f"hopmm.swiglu, not hopmm.matmul; force another schedule for matmul")
@@ -987,3 +1028,123 @@ def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: t
 def _with_memory_plan(why: str, cfg: KernelConfig, device: DeviceInfo, group: int) -> str:
     return (f"{why}; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared "
             f"memory; tiles in groups of {group} M-tiles")
+
+
+# Tiles past whole waves. A persistent grid of T tiles on W SMs runs ceil(T / W) waves, and a
+# last wave of few compute-bound tiles takes about as long as a full one: 17344 x 64 x 6848 has
+# 136 tiles of 128 x 128 (1.03 waves), 5120^3 1,080 of 128 x 192 (8.18). Those last tiles can
+# run instead as a problem of their own after whole waves (the last rows of A and C, or the
+# last columns of B and C), which the split-K schedules spread over every SM. Taken where the
+# wave model of the main part (_persistent_us), a second launch and the tail's own estimate
+# beat the wave model of the whole by TAIL_MIN_GAIN (bench/NOTES.md v0.30).
+TAIL_MIN_GAIN = 1.05
+TAIL_LAUNCH_US = 2.0
+# The schedules whose waves the model times, as the whole problem's choice and as the main part.
+TAIL_MAIN_SCHEDULES = (PersistentSchedule, PersistentOverlapSchedule)
+
+
+def _persistent_us(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfig) -> float:
+    """The persistent kernels' time, wave by wave: each wave the longer of its tiles' main
+    loop (the unsplit k-block of UNSPLIT_KBLOCK_US scaled by the tile's area and TILE_SPEED,
+    slower by UNSPLIT_LOAD x the share of SMs busy, plus the exposed epilogue) and its share
+    of the DRAM bytes at UNSPLIT_DRAM_TBPS."""
+    workers, _ = _workers(sched, device)
+    shape = (cfg.block_m, cfg.block_n)
+    units = _tile_groups(sched, problem, shape)
+    overlapped = issubclass(sched, (PersistentOverlapSchedule, PersistentClusterOverlapSchedule))
+    speed = _tile_speeds(sched, problem)[shape] * (OVERLAP_SPEED if overlapped else 1.0)
+    kblock_us = (UNSPLIT_KBLOCK_US * TILE_SPEED[BLOCK_M, UNSPLIT_BLOCK_N] / speed
+                 * shape[0] * shape[1] / (BLOCK_M * UNSPLIT_BLOCK_N))
+    blocks = -(-problem.k // TMA_BOX_ELEMS) + (0 if overlapped else EXPOSED_EPILOGUE_K_BLOCKS)
+    dram_us = _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6)
+
+    def wave_us(count: int) -> float:
+        busy = count * sched.cluster_size / device.sm_count
+        return max(blocks * kblock_us * (1 + UNSPLIT_LOAD * busy), dram_us * count / units)
+
+    full, last = divmod(units, workers)
+    return full * wave_us(workers) + (wave_us(last) if last else 0.0) + UNSPLIT_EPILOGUE_US
+
+
+def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | None:
+    """The model's time of `choice` on `problem`: the split-K models' estimate for its split
+    count, the wave model for the persistent kernels; None for the others."""
+    if choice.schedule in SPLIT_K_SCHEDULES:
+        estimates = _split_estimates(choice.schedule, problem, choice.config, device, False)
+        return estimates.get(choice.splits)
+    if choice.schedule in TAIL_MAIN_SCHEDULES:
+        return _persistent_us(choice.schedule, problem, device, choice.config)
+    return None
+
+
+def _main_configs(problem: Problem, device: DeviceInfo) -> list:
+    """(schedule, config) of each tile shape the main part of a split problem may run on: the
+    persistent kernel's deepest config of each shape with FAST_STAGES, on the overlap kernel
+    at its widths (as _choose_one takes them)."""
+    long_k = -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS
+    out = []
+    for block_m, block_n in PersistentSchedule.tile_shapes():
+        if (block_m, block_n) not in TILE_SPEED:
+            continue
+        sched = (PersistentOverlapSchedule if long_k and block_n in OVERLAP_WIDTHS
+                 else PersistentSchedule)
+        cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                            device.smem_per_block_optin, block_m)
+        if cfg is not None and cfg.stages >= FAST_STAGES:
+            out.append((sched, cfg))
+    return out
+
+
+def _tail_start(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfig,
+                axis: str) -> int | None:
+    """Where the tail begins along `axis`: after the rows (or columns) of tiles that fill the
+    most whole waves; None where the tiles fill less than one wave or exactly whole waves."""
+    workers, _ = _workers(sched, device)
+    tiles_m = -(-problem.m // cfg.block_m)
+    tiles_n = -(-problem.n // cfg.block_n)
+    if tiles_m * tiles_n < workers or tiles_m * tiles_n % workers == 0:
+        return None
+    full_waves = tiles_m * tiles_n // workers
+    across = tiles_n if axis == "m" else tiles_m   # tiles in one row (column) of tiles
+    kept = full_waves * workers // across
+    step = cfg.block_m if axis == "m" else cfg.block_n
+    start = kept * step
+    return start if 0 < start < getattr(problem, axis) else None
+
+
+def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
+    """`whole`'s problem as a main part of whole waves on a persistent kernel and a tail on
+    its own choice, where the model puts that TAIL_MIN_GAIN ahead of `whole` (see
+    TAIL_MIN_GAIN); None otherwise. Single matrices whose whole choice the wave model times
+    (TAIL_MAIN_SCHEDULES), not a tail on gemv."""
+    if (problem.batch != 1 or whole.schedule not in TAIL_MAIN_SCHEDULES
+            or min(problem.m, problem.n) <= GEMV_MAX_M):
+        return None
+    whole_us = _choice_us(whole, problem, device)
+    best = None
+    for sched, cfg in _main_configs(problem, device):
+        for axis in ("m", "n"):
+            start = _tail_start(sched, problem, device, cfg, axis)
+            if start is None:
+                continue
+            main_p, tail_p = tail_problems(problem, axis, start)
+            tail = _choose_one(tail_p, device, None, False, False)
+            tail_us = _choice_us(tail, tail_p, device)
+            if tail_us is None:
+                continue
+            us = _persistent_us(sched, main_p, device, cfg) + TAIL_LAUNCH_US + tail_us
+            if best is None or us < best[0]:
+                best = (us, sched, cfg, axis, start, main_p, tail_p, tail, tail_us)
+    if best is None or best[0] * TAIL_MIN_GAIN > whole_us:
+        return None
+    us, sched, cfg, axis, start, main_p, tail_p, tail, tail_us = best
+    group = _raster_group(main_p, cfg, device)
+    rows = "rows" if axis == "m" else "columns"
+    why = (f"{_tiles(main_p, cfg.block_m, cfg.block_n)} tiles of {cfg.block_m}x{cfg.block_n} "
+           f"in whole waves of {device.sm_count} SMs on {sched.name} for the {rows} before "
+           f"{start}, then the {getattr(tail_p, axis)} {rows} from {start} on as a problem of "
+           f"their own ({tail.schedule.name}, predicted {tail_us:.1f} us): {us:.1f} us by the "
+           f"wave model against {whole_us:.1f} us for the whole on {whole.schedule.name} "
+           f"{whole.config.block_m}x{whole.config.block_n}")
+    return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group,
+                  tail=Tail(axis, start, tail, whole))

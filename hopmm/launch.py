@@ -355,6 +355,8 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
 
     from ._tensormap import KernelLaunch
 
+    if choice.tail is not None:
+        return _wave_tail_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
     cfg, sched = choice.config, choice.schedule
     if getattr(sched, "streaming", False):
         return build_gemv_launches(choice, problem, a3, a_map, b3, b_map, c3)
@@ -405,6 +407,49 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         launches.append(WorkspaceLaunch(inner, device_id, ws_bytes,
                                         sched.semaphore_count(problem, cfg, count)))
     return launches
+
+
+class OffsetLaunch:
+    """A launch of a part of the operands (a choice's tail, heuristics.Tail): the base
+    addresses of A, B and C it is given move by fixed byte offsets to the part's first
+    element."""
+
+    __slots__ = ("inner", "offsets")
+
+    def __init__(self, inner, offsets: tuple[int, int, int]):
+        self.inner = inner
+        self.offsets = offsets
+
+    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int, *rest) -> None:
+        da, db, dc = self.offsets
+        self.inner.launch(stream, a_ptr + da, b_ptr + db, c_ptr + dc, *rest)
+
+
+def _wave_tail_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
+                        b_map: BatchMapping, c3, epilogue) -> list:
+    """build_launches for a choice with a tail: its own launches on the main part of the
+    operands (views of their first rows or columns, at the same base addresses), then the
+    tail's launches on the rest, as offsets from those base addresses."""
+    from dataclasses import replace
+
+    if epilogue is not None or problem.batch != 1:
+        raise ValueError("a wave tail is built for single plain products only")
+    tail = choice.tail
+    main_p, tail_p = tail.problems(problem)
+    start = tail.start
+    if tail.axis == "m":
+        main_views = (a3[:, :start], b3, c3[:, :start])
+        tail_views = (a3[:, start:], b3, c3[:, start:])
+    else:
+        main_views = (a3, b3[:, :, :start], c3[:, :, :start])
+        tail_views = (a3, b3[:, :, start:], c3[:, :, start:])
+    launches = build_launches(replace(choice, tail=None), main_p, main_views[0], a_map,
+                              main_views[1], b_map, main_views[2])
+    offsets = tuple(part.data.ptr - whole.data.ptr
+                    for part, whole in zip(tail_views, (a3, b3, c3)))
+    tail_launches = build_launches(tail.choice, tail_p, tail_views[0], a_map, tail_views[1],
+                                   b_map, tail_views[2])
+    return launches + [OffsetLaunch(x, offsets) for x in tail_launches]
 
 
 def launch_all(launches: list, a_ptr: int, b_ptr: int, c_ptr: int, *epilogue_ptrs,

@@ -147,7 +147,8 @@ class _Table:
             stamp = None
         with self._lock:
             if path != self._path or stamp != self._stamp:
-                self._entries = dict(_read(path) if stamp else {}, **self.in_memory)
+                merged = dict(_read(path) if stamp else {}, **self.in_memory)
+                self._entries = {k: v for k, v in merged.items() if v is not None}
                 self._path, self._stamp = path, stamp
             return self._entries
 
@@ -204,14 +205,16 @@ def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False,
 
 
 def record(new: dict) -> None:
-    """Merges {problem_key: TunedEntry} into the table under an exclusive lock."""
+    """Merges {problem_key: TunedEntry} into the table under an exclusive lock; a key whose
+    entry is None is removed (the heuristic's own choice won)."""
     path = compiler.cache_dir(create=True) / TABLE_NAME
     try:
         with open(path.with_suffix(".lock"), "a") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             merged = _read(path)
             merged.update(new)
-            text = json.dumps({k: asdict(v) for k, v in sorted(merged.items())}, indent=1)
+            text = json.dumps({k: asdict(v) for k, v in sorted(merged.items())
+                               if v is not None}, indent=1)
             compiler.atomic_write(path, text.encode())
     except OSError as exc:
         kernel_cache.report_unwritable(path.parent, exc)
@@ -267,8 +270,10 @@ def label(choice: Choice) -> str:
     if choice.schedule is GemvSchedule:
         return f"gemv {c.tag} k{choice.splits}"
     split = f" k{choice.splits}" if choice.schedule.split_k else ""
+    tail = (f" + tail {choice.tail.axis}{choice.tail.start}: {label(choice.tail.choice)}"
+            if choice.tail else "")
     return (f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} "
-            f"g{choice.raster_group}{split}")
+            f"g{choice.raster_group}{split}{tail}")
 
 
 def _validate_shapes(shapes, dtype) -> list[tuple[int, int, int]]:
@@ -343,7 +348,9 @@ def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5
         choice = timed[best][0]
         cfg = choice.config
         gemv = choice.schedule is GemvSchedule   # its rows and width; no stages
-        record({problem_key(call.problem, device): TunedEntry(
+        # A table entry names one kernel: where the heuristic's choice with a tail (two
+        # kernels) won, the entry is removed and the heuristic decides.
+        record({problem_key(call.problem, device): None if choice.tail else TunedEntry(
             choice.schedule.name, cfg.block_n, 0 if gemv else cfg.stages,
             choice.raster_group, round(ranked[best], 1), time.strftime("%Y-%m-%d"),
             choice.splits, cfg.max_rows if gemv else cfg.block_m)})

@@ -1,0 +1,88 @@
+"""GPU tier: products whose tiles past the last whole wave run as a second kernel
+(heuristics.Tail), through hopmm.matmul: against an fp32 cupy.matmul into NaN-poisoned outputs
+with spare rows and columns, both axes, transposed operands, a strided out, repeats on new
+operands (the remembered launches), bitwise repeatable; a result of unaligned rows falls back
+to one kernel. Skips without a Hopper GPU."""
+import pytest
+
+from conftest import requires_hopper
+from forced import check_close, operands
+
+pytestmark = requires_hopper
+
+
+@pytest.fixture(autouse=True)
+def _heuristic_choice(monkeypatch):
+    import hopmm
+
+    monkeypatch.setenv("HOPMM_STRICT", "1")
+    hopmm.use_schedule(None)
+    yield
+
+
+def _ref(a, b):
+    import cupy
+
+    return cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+
+
+# (m, n, k, A transposed, B transposed, the tail's part): 136 tiles of 128 rows, a tail of
+# 300 rows on a split-K schedule; 2 x 138 tiles, a tail of 704 columns; tails on a persistent
+# kernel, on aligned rows and on rows of 2,686 bytes (both parts store rows themselves).
+CASES = {
+    "rows": (17196, 64, 4096, False, False, "rows"),
+    "rows_a_transposed": (17196, 64, 4096, True, False, "rows"),
+    "rows_b_transposed": (17196, 64, 4096, False, True, "rows"),
+    "rows_wider": (17196, 256, 4096, False, False, "rows"),
+    "columns": (200, 17600, 4096, False, False, "columns"),
+    "columns_b_transposed": (200, 17600, 4096, False, True, "columns"),
+    "persistent_tail": (3648, 2880, 5888, False, False, "columns"),
+    "persistent_tail_odd_rows": (5440, 1343, 4096, False, False, "columns"),
+}
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_tail_matches_cupy(case, dtype):
+    import cupy
+
+    import hopmm
+
+    m, n, k, ta, tb, part = CASES[case]
+    a, b = operands(m, n, k, dtype, ta, tb)
+    # out: C-contiguous (TMA stores), a spare row of NaN after it that must stay NaN
+    buf = cupy.full((m + 1) * n, cupy.nan, dtype=dtype)
+    out = buf[:m * n].reshape(m, n)
+    text = hopmm.explain(a, b, out)
+    assert f"\ntail: {part} " in text, text
+    got = hopmm.matmul(a, b, out=out)
+    assert got is out
+    check_close(out, _ref(a, b), dtype)
+    assert bool(cupy.isnan(buf[m * n:].astype(cupy.float32)).all())
+    # repeated: the same bits (no atomics in either kernel's reduction)
+    again = hopmm.matmul(a, b)
+    assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))
+    # new operands through the remembered launches
+    a2, b2 = operands(m, n, k, dtype, ta, tb)
+    check_close(hopmm.matmul(a2, b2), _ref(a2, b2), dtype)
+
+
+@pytest.mark.parametrize("case", ["odd_n", "strided_out"])
+def test_results_stored_by_rows_run_on_one_kernel(case):
+    """Rows that TMA cannot store (N = 100: 200-byte rows; an out whose rows lie apart) take
+    the row store, which the tail's split-K does not have: the whole problem runs on the
+    persistent kernel, storing rows itself, into a NaN-poisoned out."""
+    import cupy
+
+    import hopmm
+
+    n = 100 if case == "odd_n" else 64
+    a, b = operands(17196, n, 4096, "bfloat16")
+    buf = cupy.full((17196, n + 8), cupy.nan, dtype="bfloat16")
+    out = buf[:, :n] if case == "strided_out" else buf[:, :n].copy()
+    text = hopmm.explain(a, b, out)
+    assert "tail:" not in text and "stores the rows itself" in text, text
+    hopmm.matmul(a, b, out=out)
+    check_close(out, _ref(a, b), "bfloat16")
+    if case == "strided_out":
+        assert bool(cupy.isnan(buf[:, n:].astype(cupy.float32)).all())

@@ -1,0 +1,172 @@
+"""CPU: the tiles past a problem's last whole wave as a second kernel (heuristics.Tail): when
+the model takes it, how the problem is cut, and the launches it makes (against the simulated
+GPU of test_cpu_simulated_launch, which computes each launch's part from its maps, base
+addresses and integers alone)."""
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+import hopmm
+from hopmm import api, device, fastpath, heuristics, launch, layout, tuning
+from hopmm.device import H100_SXM
+from hopmm.problem import Problem
+from hopmm.schedules import PersistentSchedule, SplitKParallelSchedule
+
+import test_cpu_simulated_launch as simulated
+from test_cpu_simulated_launch import SimulatedLaunch, expect, rand
+
+simulated_gpu = simulated.simulated_gpu   # the fixture, for four_sms below
+
+
+def choose(m, n, k, batch=1, a_major="k", b_major="n", device=H100_SXM, epilogue=False,
+           schedule=None):
+    return heuristics.choose(Problem(m, n, k, batch, "bfloat16", a_major, b_major), device,
+                             schedule, epilogue)
+
+
+@pytest.mark.parametrize("m,n,k,axis,start", [
+    (17344, 64, 6848, "m", 16896),     # 136 tiles of 128 x 128: 132 in a wave, 4 left
+    (17196, 64, 4096, "m", 16896),
+    (200, 17596, 4096, "n", 16896),    # 2 x 138 tiles: 66 columns of tiles fill a wave
+    (5120, 5120, 5120, "m", 4992),     # 800 tiles of 128 x 256: 780 in whole waves
+])
+def test_tiles_past_whole_waves_run_as_a_tail(m, n, k, axis, start):
+    c = choose(m, n, k)
+    assert c.tail is not None and (c.tail.axis, c.tail.start) == (axis, start)
+    assert c.schedule in heuristics.TAIL_MAIN_SCHEDULES
+    step = c.config.block_m if axis == "m" else c.config.block_n
+    main, tail = c.tail.problems(Problem(m, n, k, 1, "bfloat16"))
+    assert start % step == 0 and getattr(main, axis) == start
+    assert getattr(tail, axis) == (m if axis == "m" else n) - start
+    # the main part fills whole waves but for less than one row (column) of tiles
+    tiles = heuristics._tiles(main, c.config.block_m, c.config.block_n)
+    across = -(-n // c.config.block_n) if axis == "m" else -(-m // c.config.block_m)
+    assert tiles // H100_SXM.sm_count >= 1 and -tiles % H100_SXM.sm_count < across
+    assert c.tail.choice.schedule is not heuristics.GemvSchedule
+    assert "as a problem of their own" in c.reason and "by the wave model" in c.reason
+    assert " + tail " in tuning.label(c)
+
+
+def test_the_model_of_the_split_beats_the_whole_by_the_margin():
+    problem = Problem(17344, 64, 6848, 1, "bfloat16")
+    c = heuristics.choose(problem, H100_SXM)
+    whole_us = heuristics._choice_us(c.tail.whole, problem, H100_SXM)
+    main, tail = c.tail.problems(problem)
+    split_us = (heuristics._persistent_us(c.schedule, main, H100_SXM, c.config)
+                + heuristics.TAIL_LAUNCH_US
+                + heuristics._choice_us(c.tail.choice, tail, H100_SXM))
+    assert split_us * heuristics.TAIL_MIN_GAIN <= whole_us
+    # one wave of 132 tiles streaming A from DRAM, then 4 tiles alone: the wave model's two
+    # terms (NOTES v0.30: 113 us measured on the whole)
+    assert 100 < whole_us < 130
+
+
+def test_wave_model_counts_the_last_wave():
+    """A last wave of few tiles costs a compute-bound tile's main loop at little load."""
+    cfg = PersistentSchedule.deepest("bfloat16", 256, False, True,
+                                     H100_SXM.smem_per_block_optin, 128)
+    one = heuristics._persistent_us(PersistentSchedule, Problem(128 * 132, 256, 8192, 1,
+                                                                "bfloat16"), H100_SXM, cfg)
+    more = heuristics._persistent_us(PersistentSchedule, Problem(128 * 133, 256, 8192, 1,
+                                                                 "bfloat16"), H100_SXM, cfg)
+    assert 1.6 < more / one < 1.9
+
+
+@pytest.mark.parametrize("m,n,k", [
+    (16896, 128, 4096),   # exactly one wave of 128 x 128
+    (4096, 4096, 4096),   # 3.88 waves: the last nearly full
+    (8192, 8192, 8192),   # the cluster kernel's pairs: not a schedule the model times
+    (1000, 1000, 64),     # under one wave
+])
+def test_no_tail_where_waves_are_whole_or_the_model_does_not_apply(m, n, k):
+    assert choose(m, n, k).tail is None
+
+
+def test_no_tail_for_batches_fused_epilogues_or_forced_schedules():
+    assert choose(17344, 64, 6848, batch=2).tail is None
+    assert choose(17344, 64, 6848, epilogue=True).tail is None
+    assert choose(17344, 64, 6848, schedule="persistent").tail is None
+
+
+def test_a_result_stored_by_rows_keeps_the_tail_only_where_both_parts_store_rows():
+    problem = Problem(17344, 64, 6848, 1, "bfloat16")
+    c = heuristics.choose(problem, H100_SXM)
+    assert c.tail.choice.schedule is SplitKParallelSchedule   # no row store: the whole instead
+    stored = heuristics.row_store_choice(c, problem, H100_SXM)
+    assert stored.tail is None and stored.config.row_store
+    assert stored.config.block_n == c.tail.whole.config.block_n
+    # both parts on persistent kernels: both store rows
+    both = replace(c, tail=replace(c.tail, choice=c.tail.whole))
+    stored = heuristics.row_store_choice(both, problem, H100_SXM)
+    assert stored.tail is not None
+    assert stored.config.row_store and stored.tail.choice.config.row_store
+
+
+# ---- the launches, on the simulated GPU (a device of 4 SMs, so that small problems take
+# ---- tails) -----------------------------------------------------------------------------
+
+FOUR_SMS = replace(H100_SXM, sm_count=4)
+
+
+@pytest.fixture
+def four_sms(simulated_gpu, monkeypatch):
+    monkeypatch.setattr(device, "query", lambda device_id: FOUR_SMS)
+    monkeypatch.setattr(launch, "query", lambda device_id: FOUR_SMS)
+    heuristics.choose.cache_clear()
+    yield
+    heuristics.choose.cache_clear()
+
+
+TAIL_CASES = {   # (m, k, n, A transposed, B transposed, axis of the tail)
+    "rows": (600, 4096, 64, False, False, "m"),
+    "rows_a_transposed": (600, 4096, 64, True, False, "m"),
+    "rows_b_transposed": (700, 4096, 64, False, True, "m"),
+    "rows_wide_tiles": (600, 4096, 256, False, False, "m"),
+    "columns": (200, 4096, 640, False, False, "n"),
+    "columns_b_transposed": (200, 4096, 640, False, True, "n"),
+    "columns_persistent_tail": (700, 4096, 640, False, False, "n"),
+}
+
+
+def _operands(m, k, n, a_t, b_t):
+    a = rand((k, m)).T if a_t else rand((m, k))
+    b = rand((n, k)).T if b_t else rand((k, n))
+    return a, b
+
+
+@pytest.mark.parametrize("case", TAIL_CASES, ids=list(TAIL_CASES))
+def test_simulated_tail_computes_every_part(four_sms, case):
+    m, k, n, a_t, b_t, axis = TAIL_CASES[case]
+    a, b = _operands(m, k, n, a_t, b_t)
+    call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+    assert call.choice.tail is not None and call.choice.tail.axis == axis
+    text = hopmm.explain(a, b)
+    assert f"tail: {'rows' if axis == 'm' else 'columns'} {call.choice.tail.start}-" in text
+    out = rand((m, n))
+    out[...] = np.nan
+    expect(a, b, hopmm.matmul(a, b, out=out))
+    main = heuristics.tail_problems(call.problem, axis, call.choice.tail.start)[0]
+    expected = len(launch.build_launches(replace(call.choice, tail=None), main, call.a3,
+                                         call.a_map, call.b3, call.b_map, out[None]))
+    assert SimulatedLaunch.launches > expected   # the tail's launch(es) after the main part's
+
+
+def test_simulated_tail_repeats_on_new_operands(four_sms):
+    m, k, n = 600, 4096, 64
+    a, b = rand((m, k)), rand((k, n))
+    expect(a, b, hopmm.matmul(a, b))
+    before = SimulatedLaunch.launches
+    a2, b2 = rand((m, k)), rand((k, n))
+    expect(a2, b2, hopmm.matmul(a2, b2))    # the remembered launches, moved to a2, b2
+    assert SimulatedLaunch.launches - before >= 2
+    assert len(fastpath._recipes) >= 1
+
+
+def test_simulated_odd_rows_fall_back_to_the_whole(four_sms):
+    """N = 63: the result's rows are not 16-byte aligned; the tail's split-K cannot store
+    rows itself, so the call runs on the whole choice with the row store."""
+    a, b = rand((600, 4096)), rand((4096, 63))
+    text = hopmm.explain(a, b)
+    assert "tail:" not in text and "stores the rows itself" in text
+    expect(a, b, hopmm.matmul(a, b))
