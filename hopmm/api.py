@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 from . import device as device_mod
 from . import epilogue as epilogue_mod
@@ -353,7 +353,7 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
               or heuristics.choose(ops.problem, dev, forced, epilogue=fused,
                                    epilogue_reads=reads))
     if fused:
-        choice = replace(choice, config=replace(choice.config, epilogue=spec))
+        choice = heuristics.with_epilogue(choice, spec)
     if row_store:
         choice = heuristics.row_store_choice(choice, ops.problem, dev,
                                              forced=forced is not None) or choice

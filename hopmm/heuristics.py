@@ -146,6 +146,16 @@ class Tail:
         return tail_problems(problem, self.axis, self.start)
 
 
+def with_epilogue(choice: Choice, spec) -> Choice:
+    """`choice` with the fused epilogue `spec` in its config, and in its tail's."""
+    out = replace(choice, config=replace(choice.config, epilogue=spec))
+    if choice.tail is None:
+        return out
+    tail = replace(choice.tail, choice=with_epilogue(choice.tail.choice, spec),
+                   whole=with_epilogue(choice.tail.whole, spec))
+    return replace(out, tail=tail)
+
+
 def tail_problems(problem: Problem, axis: str, start: int) -> tuple[Problem, Problem]:
     """`problem`'s rows (axis "m") or columns (axis "n") before `start`, and from it on."""
     extent = getattr(problem, axis)
@@ -783,11 +793,11 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     """The schedule and config for `problem`. `epilogue`: the call carries a fused epilogue
     (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
     is an error. `epilogue_reads`: that epilogue reads bias or c, which keeps the call off the
-    overlap kernels. An unforced plain product may leave the tiles past its last whole wave
-    to a second kernel (wave_tail_choice)."""
+    overlap kernels. An unforced choice may leave the tiles past its last whole wave to a
+    second kernel (wave_tail_choice)."""
     choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
-    if schedule is None and not epilogue:
-        return wave_tail_choice(choice, problem, device) or choice
+    if schedule is None:
+        return wave_tail_choice(choice, problem, device, epilogue, epilogue_reads) or choice
     return choice
 
 
@@ -1077,16 +1087,17 @@ def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | 
     return None
 
 
-def _main_configs(problem: Problem, device: DeviceInfo) -> list:
+def _main_configs(problem: Problem, device: DeviceInfo, epilogue_reads: bool) -> list:
     """(schedule, config) of each tile shape the main part of a split problem may run on: the
     persistent kernel's deepest config of each shape with FAST_STAGES, on the overlap kernel
-    at its widths (as _choose_one takes them)."""
+    at its widths (as _choose_one takes them: not for an epilogue that reads bias or c)."""
     long_k = -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS
     out = []
     for block_m, block_n in PersistentSchedule.tile_shapes():
         if (block_m, block_n) not in TILE_SPEED:
             continue
-        sched = (PersistentOverlapSchedule if long_k and block_n in OVERLAP_WIDTHS
+        sched = (PersistentOverlapSchedule
+                 if long_k and block_n in OVERLAP_WIDTHS and not epilogue_reads
                  else PersistentSchedule)
         cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
                             device.smem_per_block_optin, block_m)
@@ -1102,33 +1113,36 @@ def _tail_start(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfig,
     workers, _ = _workers(sched, device)
     tiles_m = -(-problem.m // cfg.block_m)
     tiles_n = -(-problem.n // cfg.block_n)
-    if tiles_m * tiles_n < workers or tiles_m * tiles_n % workers == 0:
+    tiles = tiles_m * tiles_n * problem.batch
+    if tiles < workers or tiles % workers == 0:
         return None
-    full_waves = tiles_m * tiles_n // workers
-    across = tiles_n if axis == "m" else tiles_m   # tiles in one row (column) of tiles
+    full_waves = tiles // workers
+    # Tiles in one row (column) of tiles, over the batch: the split cuts every matrix alike.
+    across = (tiles_n if axis == "m" else tiles_m) * problem.batch
     kept = full_waves * workers // across
     step = cfg.block_m if axis == "m" else cfg.block_n
     start = kept * step
     return start if 0 < start < getattr(problem, axis) else None
 
 
-def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
+def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo,
+                     epilogue: bool = False, epilogue_reads: bool = False) -> Choice | None:
     """`whole`'s problem as a main part of whole waves on a persistent kernel and a tail on
-    its own choice, where the model puts that TAIL_MIN_GAIN ahead of `whole` (see
-    TAIL_MIN_GAIN); None otherwise. Single matrices whose whole choice the wave model times
+    its own choice (for the same fused epilogue, if any: `epilogue`, `epilogue_reads` as
+    for choose), where the model puts that TAIL_MIN_GAIN ahead of `whole` (see
+    TAIL_MIN_GAIN); None otherwise. Problems whose whole choice the wave model times
     (TAIL_MAIN_SCHEDULES), not a tail on gemv."""
-    if (problem.batch != 1 or whole.schedule not in TAIL_MAIN_SCHEDULES
-            or min(problem.m, problem.n) <= GEMV_MAX_M):
+    if whole.schedule not in TAIL_MAIN_SCHEDULES or min(problem.m, problem.n) <= GEMV_MAX_M:
         return None
     whole_us = _choice_us(whole, problem, device)
     best = None
-    for sched, cfg in _main_configs(problem, device):
+    for sched, cfg in _main_configs(problem, device, epilogue_reads):
         for axis in ("m", "n"):
             start = _tail_start(sched, problem, device, cfg, axis)
             if start is None:
                 continue
             main_p, tail_p = tail_problems(problem, axis, start)
-            tail = _choose_one(tail_p, device, None, False, False)
+            tail = _choose_one(tail_p, device, None, epilogue, epilogue_reads)
             tail_us = _choice_us(tail, tail_p, device)
             if tail_us is None:
                 continue

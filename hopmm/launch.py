@@ -411,29 +411,43 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
 
 class OffsetLaunch:
     """A launch of a part of the operands (a choice's tail, heuristics.Tail): the base
-    addresses of A, B and C it is given move by fixed byte offsets to the part's first
-    element."""
+    addresses it is given (A, B, C, then a fused epilogue's bias and c) move by fixed byte
+    offsets to the part's first element."""
 
     __slots__ = ("inner", "offsets")
 
-    def __init__(self, inner, offsets: tuple[int, int, int]):
+    def __init__(self, inner, offsets: tuple):
         self.inner = inner
         self.offsets = offsets
 
-    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int, *rest) -> None:
-        da, db, dc = self.offsets
-        self.inner.launch(stream, a_ptr + da, b_ptr + db, c_ptr + dc, *rest)
+    def launch(self, stream: int, *addresses) -> None:
+        moved = tuple(address + offset if address else address   # a null pointer stays null
+                      for address, offset in zip(addresses, self.offsets))
+        self.inner.launch(stream, *moved, *addresses[len(moved):])
+
+
+def _epilogue_offsets(epilogue, axis: str, start: int) -> tuple:
+    """Byte offsets of a fused epilogue's bias and c (epilogue.FusedEpilogue.pointers) from
+    their first element to the element of row (axis "m") or column (axis "n") `start`."""
+    if epilogue is None:
+        return ()
+    bias_row, bias_col = epilogue.bias_strides
+    _, c_row, c_col = epilogue.c_strides
+    bias_item = 0 if epilogue.bias is None else epilogue.bias.itemsize
+    c_item = 0 if epilogue.c3 is None else epilogue.c3.itemsize
+    along = axis == "m"
+    return (start * (bias_row if along else bias_col) * bias_item,
+            start * (c_row if along else c_col) * c_item)
 
 
 def _wave_tail_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
                         b_map: BatchMapping, c3, epilogue) -> list:
     """build_launches for a choice with a tail: its own launches on the main part of the
     operands (views of their first rows or columns, at the same base addresses), then the
-    tail's launches on the rest, as offsets from those base addresses."""
+    tail's launches on the rest, as offsets from those base addresses (and from a fused
+    epilogue's bias and c)."""
     from dataclasses import replace
 
-    if epilogue is not None or problem.batch != 1:
-        raise ValueError("a wave tail is built for single plain products only")
     tail = choice.tail
     main_p, tail_p = tail.problems(problem)
     start = tail.start
@@ -444,11 +458,12 @@ def _wave_tail_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
         main_views = (a3, b3[:, :, :start], c3[:, :, :start])
         tail_views = (a3, b3[:, :, start:], c3[:, :, start:])
     launches = build_launches(replace(choice, tail=None), main_p, main_views[0], a_map,
-                              main_views[1], b_map, main_views[2])
+                              main_views[1], b_map, main_views[2], epilogue)
     offsets = tuple(part.data.ptr - whole.data.ptr
                     for part, whole in zip(tail_views, (a3, b3, c3)))
+    offsets += _epilogue_offsets(epilogue, tail.axis, start)
     tail_launches = build_launches(tail.choice, tail_p, tail_views[0], a_map, tail_views[1],
-                                   b_map, tail_views[2])
+                                   b_map, tail_views[2], epilogue)
     return launches + [OffsetLaunch(x, offsets) for x in tail_launches]
 
 

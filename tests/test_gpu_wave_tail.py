@@ -1,8 +1,9 @@
 """GPU tier: products whose tiles past the last whole wave run as a second kernel
 (heuristics.Tail), through hopmm.matmul: against an fp32 cupy.matmul into NaN-poisoned outputs
-with spare rows and columns, both axes, transposed operands, a strided out, repeats on new
-operands (the remembered launches), bitwise repeatable; a result of unaligned rows falls back
-to one kernel. Skips without a Hopper GPU."""
+with a spare row after them, both axes, transposed operands, tails on split-K and persistent
+kernels, rows that are not 16-byte aligned, repeats on new operands (the remembered launches),
+bitwise repeatable, fused epilogues and batches; a strided out or a tail that cannot store
+unaligned rows falls back to one kernel. Skips without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
@@ -86,3 +87,38 @@ def test_results_stored_by_rows_run_on_one_kernel(case):
     check_close(out, _ref(a, b), "bfloat16")
     if case == "strided_out":
         assert bool(cupy.isnan(buf[:, n:].astype(cupy.float32)).all())
+
+
+@pytest.mark.parametrize("bias_form", ["columns", "rows"])
+@pytest.mark.parametrize("m,n,k,part", [(17196, 64, 4096, "rows"), (200, 17600, 4096, "columns"),
+                                        (3648, 2880, 5888, "rows")])
+def test_fused_epilogue_on_both_parts(m, n, k, part, bias_form):
+    """bias ((N,) or (M, 1)), c, alpha, beta and gelu on the main part and the tail, against
+    the fp32 computation; the result written into c itself (out=c)."""
+    import cupy
+
+    import hopmm
+    from hopmm import epilogue
+
+    dtype = "bfloat16"
+    a, b = operands(m, n, k, dtype)
+    bias = cupy.random.standard_normal((n,) if bias_form == "columns" else (m, 1),
+                                       dtype=cupy.float32).astype(dtype)
+    c = cupy.random.standard_normal((m, n), dtype=cupy.float32).astype(dtype)
+    keywords = dict(bias=bias, c=c, alpha=0.5, beta=2.0, activation="gelu")
+    text = hopmm.explain(a, b, c, **keywords)
+    assert f"\ntail: {part} " in text and "fused into the kernel" in text, text
+    ref = epilogue.reference(cupy, _ref(a, b), bias=bias, activation="gelu", alpha=0.5,
+                             beta=2.0, c=c)   # before the call overwrites c
+    got = hopmm.matmul(a, b, c, **keywords)
+    assert got is c
+    check_close(c, ref, dtype)
+
+
+def test_batched_tail():
+    """Two matrices: the tail's rows of both run after the main part's."""
+    import hopmm
+
+    a, b = operands(8600, 64, 4096, "float16", batch=(2,))
+    assert "\ntail: rows 8448-8599" in hopmm.explain(a, b)
+    check_close(hopmm.matmul(a, b), _ref(a, b), "float16")

@@ -83,10 +83,20 @@ def test_no_tail_where_waves_are_whole_or_the_model_does_not_apply(m, n, k):
     assert choose(m, n, k).tail is None
 
 
-def test_no_tail_for_batches_fused_epilogues_or_forced_schedules():
-    assert choose(17344, 64, 6848, batch=2).tail is None
-    assert choose(17344, 64, 6848, epilogue=True).tail is None
+def test_no_tail_for_a_forced_schedule():
     assert choose(17344, 64, 6848, schedule="persistent").tail is None
+
+
+def test_fused_epilogues_and_batches_take_tails_too():
+    fused = choose(17344, 64, 6848, epilogue=True)
+    assert fused.tail is not None and fused.tail.start == 16896
+    batched = choose(17344, 64, 6848, batch=2)
+    # 272 tiles: two whole waves hold 132 rows of tiles of both matrices
+    assert batched.tail is not None and batched.tail.start == 16896
+    spec = object()
+    with_spec = heuristics.with_epilogue(fused, spec)
+    assert with_spec.config.epilogue is spec and with_spec.tail.choice.config.epilogue is spec
+    assert with_spec.tail.whole.config.epilogue is spec
 
 
 def test_a_result_stored_by_rows_keeps_the_tail_only_where_both_parts_store_rows():
@@ -133,6 +143,46 @@ def _operands(m, k, n, a_t, b_t):
     a = rand((k, m)).T if a_t else rand((m, k))
     b = rand((n, k)).T if b_t else rand((k, n))
     return a, b
+
+
+def _fused_reference(a, b, bias, c, alpha, beta):
+    acc = np.matmul(np.asarray(a, np.float32), np.asarray(b, np.float32))
+    y = alpha * acc + beta * np.asarray(c, np.float32) + np.asarray(bias, np.float32)
+    return np.maximum(y, 0)
+
+
+FUSED_TAIL_CASES = {   # (m, k, n, axis): tails also for an epilogue that reads bias and c
+    "rows": (600, 4096, 64, "m"),
+    "columns": (200, 4096, 1280, "n"),
+    "columns_persistent_tail": (700, 4096, 640, "n"),
+}
+
+
+@pytest.mark.parametrize("bias_form", ["columns", "rows"])
+@pytest.mark.parametrize("case", FUSED_TAIL_CASES, ids=list(FUSED_TAIL_CASES))
+def test_simulated_tail_with_a_fused_epilogue(four_sms, case, bias_form):
+    """bias, c, alpha, beta and relu on both parts: the tail's bias and c pointers moved to
+    its first row (column), its extents its own."""
+    m, k, n, axis = FUSED_TAIL_CASES[case]
+    a, b = rand((m, k)), rand((k, n))
+    bias = rand((n,)) if bias_form == "columns" else rand((m, 1))
+    c = rand((m, n))
+    keywords = dict(bias=bias, c=c, alpha=0.5, beta=2.0, activation="relu")
+    text = hopmm.explain(a, b, **keywords)
+    assert f"\ntail: {'rows' if axis == 'm' else 'columns'} " in text and "fused" in text
+    got = hopmm.matmul(a, b, **keywords)
+    ref = _fused_reference(a, b, bias, c, 0.5, 2.0)
+    got = np.asarray(got, np.float32)
+    assert np.linalg.norm(got - ref) <= 1e-2 * np.linalg.norm(ref)
+
+
+@pytest.mark.parametrize("m,k,n,axis", [(300, 4096, 64, "m"), (300, 4096, 640, "n"),
+                                        (600, 16384, 64, "m")])
+def test_simulated_batched_tail(four_sms, m, k, n, axis):
+    a, b = rand((2, m, k)), rand((2, k, n))
+    call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
+    assert call.choice.tail is not None and call.choice.tail.axis == axis
+    expect(a, b, hopmm.matmul(a, b))
 
 
 @pytest.mark.parametrize("case", TAIL_CASES, ids=list(TAIL_CASES))
