@@ -751,6 +751,26 @@ SINGLE_SET_OF_OVERLAP = {PersistentOverlapSchedule: PersistentSchedule,
                          PersistentClusterOverlapSchedule: PersistentClusterSchedule}
 
 
+# The row store writes rows that are not 16-byte aligned whole (epilogue_tma_store.cuh) where
+# a consumer's whole row block is staged at once: 1.3-1.5 TB/s against 0.9-1.1 box by box
+# (NOTES v0.30). A 128 x 256 tile's ring of 2 of its 4 boxes then becomes 4, one operand stage
+# fewer (4 -> 3): taken where the tile's main loop is shorter than OVERLAP_MIN_K_BLOCKS, so
+# that its store, not its loads, sets the pace.
+def _whole_row_staging(sched, cfg: KernelConfig, problem: Problem,
+                       device: DeviceInfo) -> KernelConfig:
+    """`cfg` (a row-store config) with a consumer's whole row block staged at once, where
+    that costs no stage, or where the main loop is short and FAST_STAGES stages remain."""
+    boxes = min(cfg.block_n // TMA_BOX_ELEMS, sched.c_boxes(cfg))
+    if cfg.c_buffers >= boxes:
+        return cfg
+    staged = replace(cfg, c_buffers=boxes)
+    stages = min(cfg.stages, sched.max_stages(staged, device.smem_per_block_optin))
+    short = -(-problem.k // TMA_BOX_ELEMS) < OVERLAP_MIN_K_BLOCKS
+    if stages == cfg.stages or (short and stages >= FAST_STAGES):
+        return replace(staged, stages=stages)
+    return cfg
+
+
 def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
                      forced: bool = False) -> Choice | None:
     """`choice` storing a result of unaligned rows itself (KernelConfig.row_store): its own
@@ -770,7 +790,8 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
         return None
     stored = replace(choice.config, row_store=True)
     if sched.row_store_fits(stored):
-        return replace(choice, config=stored)
+        staged = _whole_row_staging(sched, stored, problem, device)
+        return replace(choice, config=staged if sched.row_store_fits(staged) else stored)
     single = SINGLE_SET_OF_OVERLAP.get(sched)
     if forced or single is None:
         return None
@@ -781,6 +802,8 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     cfg = replace(cfg, epilogue=choice.config.epilogue, row_store=True)
     if not single.row_store_fits(cfg):
         return None
+    staged = _whole_row_staging(single, cfg, problem, device)
+    cfg = staged if single.row_store_fits(staged) else cfg
     why = (f"{choice.reason}; the result's rows are not 16-byte aligned: {single.name} stores "
            f"them itself, where {sched.name} (no registers for that) would copy the result out "
            f"of an aligned buffer")

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 import hopmm
-from hopmm import api, compile as compiler, layout, sass
+from hopmm import api, compile as compiler, heuristics, layout, sass
 from hopmm.device import H100_SXM
 from hopmm.epilogue import EpilogueSpec
+from hopmm.problem import Problem
 from hopmm.schedules import ALL_SCHEDULES, SCHEDULES
 from test_cpu_simulated_launch import (BF16, SimulatedLaunch, expect, fake, rand,  # noqa: F401
                                        simulated_gpu)
@@ -33,6 +34,12 @@ def _cases():
             cfg = sched.deepest("bfloat16", block_n, False, False, SMEM, block_m)
             if cfg is not None and sched.row_store_fits(cfg):
                 out.append((sched, replace(cfg, row_store=True)))
+                # the whole row block staged at once (heuristics._whole_row_staging)
+                whole = replace(cfg, row_store=True, c_buffers=min(
+                    block_n // 64, sched.c_boxes(cfg)))
+                whole = replace(whole, stages=min(cfg.stages, sched.max_stages(whole, SMEM)))
+                if whole != out[-1][1] and sched.row_store_fits(whole):
+                    out.append((sched, whole))
         for block_m, block_n in sched.tile_shapes():
             cfg = sched.deepest("float16", block_n, True, True, SMEM, block_m)
             fused = replace(cfg, row_store=True, epilogue=FULLEST)
@@ -217,3 +224,18 @@ def test_the_fullest_kernel_signature_fits_the_launchers_integers():
     ints = len(re.findall(r"\b(?:int|float) [a-z_]+", signature))   # 32-bit words each
     assert ints == 12 + 4 + 9   # the kernel's, the row store's, the fused chain's
     assert ints <= limit
+
+
+@pytest.mark.parametrize("k,staged", [(52, True), (4096, False)])
+def test_short_k_row_stores_stage_whole_row_blocks(k, staged):
+    """128 x 256 tiles storing rows that are not 16-byte aligned: the whole row block (4
+    boxes) staged at once, one stage fewer, where the main loop is short; the ring of 2 where
+    it is long. Tiles whose ring already holds a row block keep their stages."""
+    problem = Problem(25324, 1757, k, 1, "bfloat16")
+    c = heuristics.row_store_choice(heuristics.choose(problem, H100_SXM), problem, H100_SXM)
+    if c.config.block_n == 256:
+        assert c.config.row_store
+        assert (c.config.c_buffers, c.config.stages) == ((4, 3) if staged else (2, 4))
+    problem = Problem(8115, 15403, 27, 1, "bfloat16")   # 128 x 192: 3 boxes, 4 stages
+    c = heuristics.row_store_choice(heuristics.choose(problem, H100_SXM), problem, H100_SXM)
+    assert (c.config.block_n, c.config.c_buffers, c.config.stages) == (192, 3, 4)

@@ -238,6 +238,54 @@ struct TmaStoreEpilogue {
             store_box_warp_rows(box, e, out, thread, rows, cols);
     }
 
+    // Whole rows. Box by box, the 32-byte sectors at each box's two ends are written in two
+    // parts, apart in time (and at a tile's ends by another SM), which DRAM takes at a third of
+    // its rate: rows of 64 elements a warp ran at 0.69 TB/s in a store probe, rows of 192 at
+    // 1.15-1.24, whole rows of 30 KB at 2.4, 16-byte chunks on rows that start on 16 bytes at
+    // 2.5 (NOTES v0.30). Where a consumer's whole row block is staged at once, rows that do not
+    // start on 16 bytes go out after its last box, each warp one whole row at a time, 32
+    // contiguous elements an instruction.
+    static constexpr bool kRowBlockStaged = S::kCBuffers >= kBoxesPerRowBlock;
+
+    __device__ __forceinline__ static bool rows_on_16_bytes(const EpilogueArgs& e) {
+        return (reinterpret_cast<u64>(e.out) & 15) == 0 &&
+               ((e.out_row_stride | e.out_batch_stride) & (kElemsPerChunk - 1)) == 0;
+    }
+
+    // The staged boxes of row block R (columns n0 .. n0 + kBlockN - 1) to the output rows
+    // row0 .. row0 + 63 of batch slice z, whole rows, clipped at the output's edge.
+    template <int R>
+    __device__ __forceinline__ static void store_row_block_rows(const SharedStorage<Cfg>& smem,
+                                                                int consumer, int thread,
+                                                                int row0, int n0, int z) {
+        const EpilogueArgs& e = smem.epilogue;
+        const int cols = min(e.n - n0, S::kBlockN);
+        const int rows = min(e.m - row0, S::kWgmmaM);
+        if (cols <= 0) return;
+        unsigned short* out = static_cast<unsigned short*>(e.out) +
+                              static_cast<long long>(z) * e.out_batch_stride +
+                              static_cast<long long>(row0) * e.out_row_stride + n0;
+        u32 boxes[kBoxesPerRowBlock];
+#pragma unroll
+        for (int b = 0; b < kBoxesPerRowBlock; ++b)
+            boxes[b] = smem_addr(smem.c_buffer(consumer, (R * kBoxesPerRowBlock + b) %
+                                                             S::kCBuffers));
+        const int warp = thread / 32, lane = thread % 32;
+#pragma unroll 1
+        for (int r = warp; r < rows; r += kWarps) {
+            unsigned short* p = out + static_cast<long long>(r) * e.out_row_stride;
+#pragma unroll
+            for (int b = 0; b < kBoxesPerRowBlock; ++b) {
+#pragma unroll
+                for (int h = 0; h < kTmaBoxElems / 32; ++h) {
+                    const int x = lane + 32 * h;   // of box b
+                    if (b * kTmaBoxElems + x < cols)
+                        p[b * kTmaBoxElems + x] = ld_shared_u16(box_elem(boxes[b], r, x));
+                }
+            }
+        }
+    }
+
     // Box BOX of row block R and every later one, each through the next staging box of the
     // ring (the I-th box of the tile goes through staging box I % kCBuffers).
     template <int R, int BOX, int ROW_BLOCKS, int NREG>
@@ -264,8 +312,12 @@ struct TmaStoreEpilogue {
             fence_proxy_async_smem();
             named_barrier_sync(barrier, kWarpgroupThreads);
             if constexpr (Cfg::kRowStore) {
-                store_box_rows(smem_addr(box), smem.epilogue, thread, row0 + R * S::kWgmmaM,
-                               n0 + BOX * kTmaBoxElems, z);
+                if (!kRowBlockStaged || rows_on_16_bytes(smem.epilogue))
+                    store_box_rows(smem_addr(box), smem.epilogue, thread,
+                                   row0 + R * S::kWgmmaM, n0 + BOX * kTmaBoxElems, z);
+                else if (BOX + 1 == kBoxesPerRowBlock)
+                    store_row_block_rows<R>(smem, consumer, thread, row0 + R * S::kWgmmaM, n0,
+                                            z);
             } else if (thread == 0) {
                 tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
                 bulk_commit_group();
