@@ -129,7 +129,7 @@ class Choice:
     splits: int = 1         # CTAs per output tile along K (split_k only)
     # The tiles past the last whole wave, run after this choice's kernel as a problem of their
     # own (wave_tail_choice); this choice then covers the rest of the problem only.
-    tail: "Tail | None" = None
+    tail: Tail | None = None
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ import multiprocessing
 
 import pytest
 
-from hopmm import tuning
+from hopmm import heuristics, tuning
 from hopmm.kernel_cache import CacheWarning
 from hopmm.device import H100_SXM
 from hopmm.problem import Problem
@@ -56,6 +56,25 @@ def test_record_merges_instead_of_overwriting():
     tuning.record({"b": entry(block_n=128)})
     data = json.loads(tuning.table_path().read_text())
     assert set(data) == {"a", "b"} and data["b"]["block_n"] == 128
+
+
+def test_record_of_none_removes_an_entry():
+    """Where the heuristic's choice with a wave tail (two kernels) wins, autotune removes the
+    problem's entry, in the file and in memory."""
+    key = tuning.problem_key(PROBLEM, H100_SXM)
+    tuning.record({key: entry(group=8), "b": entry()})
+    assert tuning.lookup(PROBLEM, H100_SXM) is not None
+    tuning.record({key: None})
+    assert set(json.loads(tuning.table_path().read_text())) == {"b"}
+    assert tuning.lookup(PROBLEM, H100_SXM) is None
+
+
+def test_labels_name_a_wave_tail():
+    problem = Problem(17344, 64, 6848, 1, "bfloat16")
+    choice = heuristics.choose(problem, H100_SXM)
+    assert tuning.label(choice).endswith(
+        f" + tail m16896: {tuning.label(choice.tail.choice)}")
+    assert tuning.label(choice) != tuning.label(choice.tail.whole)
 
 
 def _writer(args):
