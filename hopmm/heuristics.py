@@ -771,6 +771,37 @@ def _whole_row_staging(sched, cfg: KernelConfig, problem: Problem,
     return cfg
 
 
+# Short K (fewer than OVERLAP_MIN_K_BLOCKS k-blocks) and rows that are not 16-byte aligned: the
+# store sets the pace. Whole rows from the persistent 128 x 192 tile ran at 1.38-1.48 TB/s
+# where 128 x 256's (its whole row block staged) ran at 1.15, and groups of one M-tile (each
+# wave along whole rows of tiles, so that the sectors two tiles share are written at about the
+# same time) at up to 1.47 against 1.14 in groups of 16 (NOTES v0.30).
+ROW_STORE_SHORT_K_WIDTH = 192
+ROW_STORE_SHORT_K_GROUP = 1
+
+
+def _short_k_row_store(choice: Choice, problem: Problem, device: DeviceInfo) -> Choice:
+    """`choice` (persistent, storing rows itself) on the ROW_STORE_SHORT_K_WIDTH tile in
+    groups of ROW_STORE_SHORT_K_GROUP where K is short; unchanged otherwise."""
+    cfg = choice.config
+    if (choice.schedule is not PersistentSchedule or cfg.block_m != BLOCK_M
+            or -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS):
+        return choice
+    why = choice.reason
+    if cfg.block_n > ROW_STORE_SHORT_K_WIDTH:
+        narrow = PersistentSchedule.deepest(problem.dtype, ROW_STORE_SHORT_K_WIDTH,
+                                            problem.trans_a, problem.trans_b,
+                                            device.smem_per_block_optin)
+        narrow = narrow and replace(narrow, epilogue=cfg.epilogue, row_store=True)
+        if narrow is not None and PersistentSchedule.row_store_fits(narrow):
+            cfg = narrow
+            why += (f"; K of {-(-problem.k // TMA_BOX_ELEMS)} k-blocks: the store sets the "
+                    f"pace, whole rows of {ROW_STORE_SHORT_K_WIDTH}-wide tiles go out faster")
+    return replace(choice, config=cfg, reason=why + f"; tiles in groups of "
+                   f"{ROW_STORE_SHORT_K_GROUP} M-tile for the row store",
+                   raster_group=ROW_STORE_SHORT_K_GROUP)
+
+
 def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
                      forced: bool = False) -> Choice | None:
     """`choice` storing a result of unaligned rows itself (KernelConfig.row_store): its own
@@ -791,7 +822,8 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     stored = replace(choice.config, row_store=True)
     if sched.row_store_fits(stored):
         staged = _whole_row_staging(sched, stored, problem, device)
-        return replace(choice, config=staged if sched.row_store_fits(staged) else stored)
+        stored = replace(choice, config=staged if sched.row_store_fits(staged) else stored)
+        return stored if forced else _short_k_row_store(stored, problem, device)
     single = SINGLE_SET_OF_OVERLAP.get(sched)
     if forced or single is None:
         return None

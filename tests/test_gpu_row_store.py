@@ -190,15 +190,17 @@ def test_overlap_tiles_of_odd_rows_run_on_the_single_set_kernel(dtype):
         forced.check_close(hopmm.matmul(a, b), ref, dtype)
 
 
-@pytest.mark.parametrize("shape,pad", [((2000, 1757, 52), 0), ((4001, 1757, 40), 5),
-                                       ((3001, 2045, 60), 2), ((1000, 1999, 100), 1),
-                                       ((61, 1757, 52), 3)],
-                         ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
-def test_short_k_rows_written_whole(shape, pad):
-    """Short K, rows that are not 16-byte aligned: the row block staged whole (the 128 x 256
-    tile with its 4 boxes, 128 x 192 and 128 x 128) and written a row at a time, into outs
-    with gaps between the rows (rows on 2, 4 and 8 bytes, fewer than 64 of them, widths past
-    a tile's edge) that stay NaN."""
+@pytest.mark.parametrize("shape,pad,persistent", [
+    ((2000, 1757, 52), 0, False), ((4001, 1757, 40), 5, False), ((3001, 2045, 60), 2, False),
+    ((1000, 1999, 100), 1, False), ((61, 1757, 52), 3, False),
+    ((2000, 1757, 52), 1, True), ((4001, 1757, 40), 0, True)],
+    ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else str(x))
+def test_short_k_rows_written_whole(shape, pad, persistent):
+    """Short K, rows that are not 16-byte aligned: a consumer's row block staged whole and
+    written a row at a time (the heuristic's 128 x 192 tile in groups of one M-tile, 128 x 128;
+    with the persistent schedule forced, 128 x 256 with its 4 boxes staged), into outs with
+    gaps between the rows (rows on 2, 4 and 8 bytes, fewer than 64 of them, widths past a
+    tile's edge) that stay NaN."""
     import cupy
 
     import hopmm
@@ -208,12 +210,17 @@ def test_short_k_rows_written_whole(shape, pad):
     a, b = forced.operands(m, n, k, "bfloat16")
     buf = cupy.full((m, n + 1 + pad), cupy.nan, dtype=a.dtype)
     out = buf[:, 1:n + 1] if pad else buf[:, :n].copy()
-    info = _matmul_store(a, b, out)
-    assert "_rs_" in info["kernel"] and "stores the rows itself" in info["output"], info
-    if n == 1757 and m > 1000:   # 128 x 256: 4 boxes staged, 3 stages
-        assert "128x256x64_s3_c4_rs" in info["kernel"], info
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
-    assert hopmm.matmul(a, b, out=out) is out
+    hopmm.use_schedule("persistent" if persistent else None)
+    try:
+        info = _matmul_store(a, b, out)
+        assert "_rs_" in info["kernel"] and "stores the rows itself" in info["output"], info
+        if n == 1757 and m > 1000:
+            tile = "128x256x64_s3_c4_rs" if persistent else "128x192x64_s4_c3_rs"
+            assert tile in info["kernel"], info
+        assert hopmm.matmul(a, b, out=out) is out
+    finally:
+        hopmm.use_schedule(None)
     forced.check_close(out, ref, "bfloat16")
     if pad:
         assert bool(cupy.isnan(buf[:, :1]).all()) and bool(cupy.isnan(buf[:, n + 1:]).all())

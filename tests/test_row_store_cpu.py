@@ -226,16 +226,34 @@ def test_the_fullest_kernel_signature_fits_the_launchers_integers():
     assert ints <= limit
 
 
-@pytest.mark.parametrize("k,staged", [(52, True), (4096, False)])
-def test_short_k_row_stores_stage_whole_row_blocks(k, staged):
-    """128 x 256 tiles storing rows that are not 16-byte aligned: the whole row block (4
-    boxes) staged at once, one stage fewer, where the main loop is short; the ring of 2 where
-    it is long. Tiles whose ring already holds a row block keep their stages."""
+def test_whole_row_staging_where_the_main_loop_is_short():
+    """A 128 x 256 row-store config stages its whole row block (4 boxes, one stage fewer)
+    where K is short; keeps its ring of 2 where K is long; 128 x 192 stages 3 already."""
+    sched = SCHEDULES["persistent"]
+    wide = replace(sched.deepest("bfloat16", 256, False, True, SMEM), row_store=True)
+    assert (wide.c_buffers, wide.stages) == (2, 4)
+    for k, expected in ((52, (4, 3)), (4096, (2, 4))):
+        cfg = heuristics._whole_row_staging(sched, wide, Problem(25324, 1757, k, 1, "bfloat16"),
+                                            H100_SXM)
+        assert (cfg.c_buffers, cfg.stages) == expected
+    narrow = replace(sched.deepest("bfloat16", 192, False, True, SMEM), row_store=True)
+    assert heuristics._whole_row_staging(sched, narrow, Problem(25324, 1757, 52, 1, "bfloat16"),
+                                         H100_SXM) == narrow
+
+
+@pytest.mark.parametrize("k,short", [(52, True), (240, True), (4096, False)])
+def test_short_k_row_stores_take_192_wide_tiles_in_groups_of_one(k, short):
+    """Short K, rows not 16-byte aligned: the persistent 128 x 256 tile becomes 128 x 192 (its
+    whole rows go out faster) and the raster groups one M-tile; long K keeps both."""
     problem = Problem(25324, 1757, k, 1, "bfloat16")
-    c = heuristics.row_store_choice(heuristics.choose(problem, H100_SXM), problem, H100_SXM)
-    if c.config.block_n == 256:
-        assert c.config.row_store
-        assert (c.config.c_buffers, c.config.stages) == ((4, 3) if staged else (2, 4))
-    problem = Problem(8115, 15403, 27, 1, "bfloat16")   # 128 x 192: 3 boxes, 4 stages
-    c = heuristics.row_store_choice(heuristics.choose(problem, H100_SXM), problem, H100_SXM)
-    assert (c.config.block_n, c.config.c_buffers, c.config.stages) == (192, 3, 4)
+    chosen = heuristics.choose(problem, H100_SXM)
+    assert chosen.config.block_n == 256
+    c = heuristics.row_store_choice(chosen, problem, H100_SXM)
+    assert c.config.row_store
+    if short:
+        assert (c.config.block_n, c.config.c_buffers, c.raster_group) == (192, 3, 1)
+        assert "the store sets the pace" in c.reason
+    else:
+        assert (c.config.block_n, c.raster_group) == (256, chosen.raster_group)
+    forced = heuristics.row_store_choice(chosen, problem, H100_SXM, forced=True)
+    assert forced.config.block_n == 256
