@@ -792,13 +792,14 @@ def _short_k_row_store(choice: Choice, problem: Problem, device: DeviceInfo) -> 
         narrow = PersistentSchedule.deepest(problem.dtype, ROW_STORE_SHORT_K_WIDTH,
                                             problem.trans_a, problem.trans_b,
                                             device.smem_per_block_optin)
-        narrow = narrow and replace(narrow, epilogue=cfg.epilogue, row_store=True)
+        if narrow is not None:
+            narrow = replace(narrow, epilogue=cfg.epilogue, row_store=True)
         if narrow is not None and PersistentSchedule.row_store_fits(narrow):
             cfg = narrow
             why += (f"; K of {-(-problem.k // TMA_BOX_ELEMS)} k-blocks: the store sets the "
                     f"pace, whole rows of {ROW_STORE_SHORT_K_WIDTH}-wide tiles go out faster")
-    return replace(choice, config=cfg, reason=why + f"; tiles in groups of "
-                   f"{ROW_STORE_SHORT_K_GROUP} M-tile for the row store",
+    return replace(choice, config=cfg, reason=why + f"; for the row store, tiles in groups "
+                   f"of {ROW_STORE_SHORT_K_GROUP} M-tile instead (waves along rows of tiles)",
                    raster_group=ROW_STORE_SHORT_K_GROUP)
 
 
