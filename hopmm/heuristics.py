@@ -217,6 +217,28 @@ def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
     return -(-problem.m // block_m) * -(-problem.n // block_n) * problem.batch
 
 
+def _k_blocks(problem: Problem) -> int:
+    """The k-blocks of one tile's main loop."""
+    return -(-problem.k // TMA_BOX_ELEMS)
+
+
+def _long_main_loop(problem: Problem) -> bool:
+    """A main loop long enough to hide a tile's epilogue behind (OVERLAP_MIN_K_BLOCKS); below
+    it, a tile's store sets the pace as much as its loads."""
+    return _k_blocks(problem) >= OVERLAP_MIN_K_BLOCKS
+
+
+def _overlap_widths(problem: Problem, device: DeviceInfo, epilogue_reads: bool) -> tuple:
+    """The widths of OVERLAP_WIDTHS whose tiles run on the overlap kernel: none on a short main
+    loop, nor for an epilogue that reads bias or c where that kernel would fetch it one pair
+    at a time."""
+    if not _long_main_loop(problem):
+        return ()
+    return tuple(w for w in OVERLAP_WIDTHS
+                 if not (epilogue_reads and _fetches_by_pair(PersistentOverlapSchedule, problem,
+                                                             device, w, BLOCK_M)))
+
+
 def _workers(sched, device: DeviceInfo) -> tuple[int, str]:
     """What takes one (group of cluster_size) tile(s) at a time: SMs, or clusters of them."""
     if sched.cluster_size == 1:
@@ -241,7 +263,7 @@ def _relative_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int
     waves = -(-_tile_groups(sched, problem, shape) // workers)
     overlapped = (issubclass(sched, (PersistentOverlapSchedule, PersistentClusterOverlapSchedule))
                   or shape[1] in overlap_widths)
-    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    k_blocks = _k_blocks(problem)
     if overlapped:
         tile_time = k_blocks / (speeds[shape] * OVERLAP_SPEED)
     else:
@@ -389,7 +411,7 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
 def _one_split_us(problem: Problem, device: DeviceInfo) -> float:
     """The model's time of the unsplit 128 x 128 tile: what splitting must beat by
     SPLIT_K_MIN_GAIN."""
-    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    k_blocks = _k_blocks(problem)
     operands = _operand_bytes(problem)
     stage = (BLOCK_M + UNSPLIT_BLOCK_N) * TMA_BOX_ELEMS * ELEM_BYTES
     return split_k_estimate_us(_tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N), k_blocks, 1, stage,
@@ -441,7 +463,7 @@ def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
     tiles = _tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N)
     if tiles > device.sm_count:
         return None
-    k_blocks = -(-problem.k // TMA_BOX_ELEMS)
+    k_blocks = _k_blocks(problem)
     compute = k_blocks * UNSPLIT_KBLOCK_US * (1 + UNSPLIT_LOAD * tiles / device.sm_count)
     return (max(compute, _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6))
             + UNSPLIT_EPILOGUE_US)
@@ -765,8 +787,7 @@ def _whole_row_staging(sched, cfg: KernelConfig, problem: Problem,
         return cfg
     staged = replace(cfg, c_buffers=boxes)
     stages = min(cfg.stages, sched.max_stages(staged, device.smem_per_block_optin))
-    short = -(-problem.k // TMA_BOX_ELEMS) < OVERLAP_MIN_K_BLOCKS
-    if stages == cfg.stages or (short and stages >= FAST_STAGES):
+    if stages == cfg.stages or (not _long_main_loop(problem) and stages >= FAST_STAGES):
         return replace(staged, stages=stages)
     return cfg
 
@@ -785,7 +806,7 @@ def _short_k_row_store(choice: Choice, problem: Problem, device: DeviceInfo) -> 
     groups of ROW_STORE_SHORT_K_GROUP where K is short; unchanged otherwise."""
     cfg = choice.config
     if (choice.schedule is not PersistentSchedule or cfg.block_m != BLOCK_M
-            or -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS):
+            or _long_main_loop(problem)):
         return choice
     why = choice.reason
     if cfg.block_n > ROW_STORE_SHORT_K_WIDTH:
@@ -796,7 +817,7 @@ def _short_k_row_store(choice: Choice, problem: Problem, device: DeviceInfo) -> 
             narrow = replace(narrow, epilogue=cfg.epilogue, row_store=True)
         if narrow is not None and PersistentSchedule.row_store_fits(narrow):
             cfg = narrow
-            why += (f"; K of {-(-problem.k // TMA_BOX_ELEMS)} k-blocks: the store sets the "
+            why += (f"; K of {_k_blocks(problem)} k-blocks: the store sets the "
                     f"pace, whole rows of {ROW_STORE_SHORT_K_WIDTH}-wide tiles go out faster")
     return replace(choice, config=cfg, reason=why + f"; for the row store, tiles in groups "
                    f"of {ROW_STORE_SHORT_K_GROUP} M-tile instead (waves along rows of tiles)",
@@ -822,9 +843,11 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
         return None
     stored = replace(choice.config, row_store=True)
     if sched.row_store_fits(stored):
-        staged = _whole_row_staging(sched, stored, problem, device)
-        stored = replace(choice, config=staged if sched.row_store_fits(staged) else stored)
-        return stored if forced else _short_k_row_store(stored, problem, device)
+        stored = replace(choice, config=stored)
+        if not forced:
+            stored = _short_k_row_store(stored, problem, device)
+        staged = _whole_row_staging(sched, stored.config, problem, device)
+        return replace(stored, config=staged) if sched.row_store_fits(staged) else stored
     single = SINGLE_SET_OF_OVERLAP.get(sched)
     if forced or single is None:
         return None
@@ -898,12 +921,9 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
     # pair's operands at a time (Schedule.epilogue_fetches_boxes: the 192-wide overlap tile,
     # the 192 x 192 cluster tile): it waits on one load per pair there where the others wait
     # once per box (bench/NOTES.md v0.19).
-    long_k = -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS
-    overlap_widths = tuple(
-        w for w in OVERLAP_WIDTHS
-        if not (epilogue_reads and _fetches_by_pair(PersistentOverlapSchedule, problem, device,
-                                                    w, BLOCK_M))
-    ) if schedule is None and long_k else ()
+    long_k = _long_main_loop(problem)
+    overlap_widths = (_overlap_widths(problem, device, epilogue_reads) if schedule is None
+                      else ())
     picked = _fastest_tile(sched, problem, device, overlap_widths)
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
@@ -1121,7 +1141,7 @@ def _persistent_us(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfi
     speed = _tile_speeds(sched, problem)[shape] * (OVERLAP_SPEED if overlapped else 1.0)
     kblock_us = (UNSPLIT_KBLOCK_US * TILE_SPEED[BLOCK_M, UNSPLIT_BLOCK_N] / speed
                  * shape[0] * shape[1] / (BLOCK_M * UNSPLIT_BLOCK_N))
-    blocks = -(-problem.k // TMA_BOX_ELEMS) + (0 if overlapped else EXPOSED_EPILOGUE_K_BLOCKS)
+    blocks = _k_blocks(problem) + (0 if overlapped else EXPOSED_EPILOGUE_K_BLOCKS)
     dram_us = _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6)
 
     def wave_us(count: int) -> float:
@@ -1146,15 +1166,13 @@ def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | 
 def _main_configs(problem: Problem, device: DeviceInfo, epilogue_reads: bool) -> list:
     """(schedule, config) of each tile shape the main part of a split problem may run on: the
     persistent kernel's deepest config of each shape with FAST_STAGES, on the overlap kernel
-    at its widths (as _choose_one takes them: not for an epilogue that reads bias or c)."""
-    long_k = -(-problem.k // TMA_BOX_ELEMS) >= OVERLAP_MIN_K_BLOCKS
+    at its widths (_overlap_widths, as _choose_one takes them)."""
+    overlap_widths = _overlap_widths(problem, device, epilogue_reads)
     out = []
     for block_m, block_n in PersistentSchedule.tile_shapes():
         if (block_m, block_n) not in TILE_SPEED:
             continue
-        sched = (PersistentOverlapSchedule
-                 if long_k and block_n in OVERLAP_WIDTHS and not epilogue_reads
-                 else PersistentSchedule)
+        sched = PersistentOverlapSchedule if block_n in overlap_widths else PersistentSchedule
         cfg = sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
                             device.smem_per_block_optin, block_m)
         if cfg is not None and cfg.stages >= FAST_STAGES:
