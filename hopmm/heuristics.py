@@ -9,7 +9,7 @@ from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
-                        MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
+                        MIN_STAGES, NARROW_BLOCK_N, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
                         WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
                         PersistentClusterOverlapSchedule, PersistentClusterSchedule,
                         PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
@@ -28,6 +28,10 @@ from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_V
 # clusters load B once for two M-tiles ran fastest with RASTER_GROUP_M on those same problems
 # (v0.26) and keep it.
 RASTER_GROUP_M = 16
+# The narrow tile (NARROW_BLOCK_N) walks one M-tile at a time: the N-tiles that read the same
+# A tile run side by side, so that A comes from DRAM once for them (128 columns: 1.02-1.10 x
+# the speed of groups of 4; one column of tiles: the same; bench/NOTES.md v0.31).
+NARROW_RASTER_GROUP = 1
 RASTER_GROUPS = (4, 8, 16, 32)
 # Where the whole grid runs in one round (a CTA for every tile and split at once), no tile
 # waits for a later wave: groups of 4 M-tiles ran up to 18 % faster than 16 on such problems
@@ -48,6 +52,12 @@ ONE_ROUND_RASTER_GROUP = 4
 # (semaphore, bulk reduce of the partial, release).
 SPLIT_K_KBLOCK_US = 0.28
 SPLIT_K_KBLOCK_LOAD = 0.45
+# Products of at most NARROW_BLOCK_N columns run 64-wide tiles (NARROW_BLOCK_N) on the
+# unclustered 128-row schedules: a 128-wide tile computes as many columns again that no store
+# writes, and its B stage leaves 5-6 stages where the narrow tile has 8. Its k-block ran this
+# much of the 128 x 128 one's time on 13-26 CTAs (0.217-0.228 us; not half: at that load a
+# k-block waits on its loads as much as on its wgmmas) (bench/NOTES.md v0.31).
+NARROW_KBLOCK_SCALE = 0.78
 SPLIT_K_DRAM_TBPS = 3.0
 SPLIT_K_L2_TBPS = 16.0
 SPLIT_K_HANDOFF_US = 3.7
@@ -167,6 +177,11 @@ def tail_problems(problem: Problem, axis: str, start: int) -> tuple[Problem, Pro
 # sustained runs on an H100 (bench/NOTES.md v0.5, v0.6, v0.10, v0.14).
 TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
               (TALL_BLOCK_M, 192): 1.0}
+# The narrow tile: half the 128 x 128 tile's area in NARROW_KBLOCK_SCALE of its k-block time.
+# Offered only to products of at most NARROW_BLOCK_N columns (_offered_shapes), where it is
+# the only width that computes no column past N.
+TILE_SPEED[BLOCK_M, NARROW_BLOCK_N] = (TILE_SPEED[BLOCK_M, 128] * NARROW_BLOCK_N / 128
+                                       / NARROW_KBLOCK_SCALE)
 # The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
 # and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED:
 # fitted together to sustained runs at the power limit, the regime of long runs of large GEMMs
@@ -215,6 +230,28 @@ FAST_STAGES = 3
 
 def _tiles(problem: Problem, block_m: int, block_n: int) -> int:
     return -(-problem.m // block_m) * -(-problem.n // block_n) * problem.batch
+
+
+def _narrow(problem: Problem) -> bool:
+    """A product of at most NARROW_BLOCK_N columns: the narrow tile's (NARROW_KBLOCK_SCALE)."""
+    return problem.n <= NARROW_BLOCK_N
+
+
+def _offered_shapes(sched, problem: Problem) -> list[tuple[int, int]]:
+    """`sched`'s tile shapes for `problem`: the NARROW_BLOCK_N-wide tile only where the
+    problem is that narrow (_narrow)."""
+    return [t for t in sched.tile_shapes() if t[1] != NARROW_BLOCK_N or _narrow(problem)]
+
+
+def _split_width(problem: Problem) -> int:
+    """The tile width of split_k and split_k_cluster, and of the unsplit tile they are weighed
+    against: NARROW_BLOCK_N for a narrow product, else UNSPLIT_BLOCK_N."""
+    return NARROW_BLOCK_N if _narrow(problem) else UNSPLIT_BLOCK_N
+
+
+def _kblock_scale(block_n: int) -> float:
+    """A k-block's time on a tile `block_n` wide relative to the 128-wide tile's."""
+    return NARROW_KBLOCK_SCALE if block_n == NARROW_BLOCK_N else 1.0
 
 
 def _k_blocks(problem: Problem) -> int:
@@ -281,15 +318,17 @@ def split_k_kblock_us(ctas: int, sm_count: int, cluster_splits: int = 1) -> floa
 
 def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int,
                         operand_bytes: int, clusters: int | None = None, *,
-                        sm_count: int) -> float:
+                        sm_count: int, block_n: int = UNSPLIT_BLOCK_N) -> float:
     """The time models above, in microseconds, on a device of `sm_count` SMs: split_k's, or
-    with `clusters` (clusters of `splits` CTAs the device holds at once) split_k_cluster's."""
+    with `clusters` (clusters of `splits` CTAs the device holds at once) split_k_cluster's;
+    tiles `block_n` wide."""
     dram = operand_bytes / (SPLIT_K_DRAM_TBPS * 1e6)
     l2 = tiles * k_blocks * stage_bytes / (SPLIT_K_L2_TBPS * 1e6)
+    scale = _kblock_scale(block_n)
     if clusters is None:
-        per_cta = -(-k_blocks // splits) * split_k_kblock_us(tiles * splits, sm_count)
+        per_cta = -(-k_blocks // splits) * scale * split_k_kblock_us(tiles * splits, sm_count)
         return max(per_cta, dram, l2) + (splits - 1) * SPLIT_K_HANDOFF_US
-    per_cta = (-(-k_blocks // splits) * CLUSTER_KBLOCK_PREMIUM
+    per_cta = (-(-k_blocks // splits) * CLUSTER_KBLOCK_PREMIUM * scale
                * split_k_kblock_us(min(tiles, clusters) * splits, sm_count, splits))
     waves = -(-tiles // clusters)
     reduce = SPLIT_K_CLUSTER_REDUCE_US if splits > 1 else 0.0
@@ -342,12 +381,14 @@ SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedu
 
 def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelConfig]:
     """The tiles a split-K schedule may take for `problem`, with the deepest ring that fits:
-    128 x 128, or on split_k_parallel 64 x 128 and 64 x 256 for problems of at most
+    128 x 128 (on split_k and split_k_cluster 128 x NARROW_BLOCK_N for a narrow product:
+    _split_width), or on split_k_parallel 64 x 128 and 64 x 256 for problems of at most
     SHORT_TILE_MAX_M rows (loading no more rows of A than the problem has, in TRIMMED_A_ROWS
     steps); for more rows, those 64-row tiles as well where they all run at once
     (_short_tile_shapes)."""
     short = sched is SplitKParallelSchedule and problem.m <= SHORT_TILE_MAX_M
-    shapes = [] if short else [(BLOCK_M, 128)]
+    width = 128 if sched is SplitKParallelSchedule else _split_width(problem)
+    shapes = [] if short else [(BLOCK_M, width)]
     if sched is SplitKParallelSchedule:
         shapes += _short_tile_shapes(problem, device)
     out = []
@@ -404,18 +445,19 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
             if not clusters:
                 continue
         out[splits] = split_k_estimate_us(tiles, k_blocks, splits, stage, operands, clusters,
-                                          sm_count=device.sm_count)
+                                          sm_count=device.sm_count, block_n=cfg.block_n)
     return out
 
 
 def _one_split_us(problem: Problem, device: DeviceInfo) -> float:
-    """The model's time of the unsplit 128 x 128 tile: what splitting must beat by
-    SPLIT_K_MIN_GAIN."""
+    """The model's time of the unsplit 128-row tile of split_k's width (_split_width): what
+    splitting must beat by SPLIT_K_MIN_GAIN."""
     k_blocks = _k_blocks(problem)
     operands = _operand_bytes(problem)
-    stage = (BLOCK_M + UNSPLIT_BLOCK_N) * TMA_BOX_ELEMS * ELEM_BYTES
-    return split_k_estimate_us(_tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N), k_blocks, 1, stage,
-                               operands, sm_count=device.sm_count)
+    width = _split_width(problem)
+    stage = (BLOCK_M + width) * TMA_BOX_ELEMS * ELEM_BYTES
+    return split_k_estimate_us(_tiles(problem, BLOCK_M, width), k_blocks, 1, stage,
+                               operands, sm_count=device.sm_count, block_n=width)
 
 
 def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
@@ -477,6 +519,9 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     for sched in SPLIT_K_SCHEDULES:
         if forced not in (None, sched.name):
             continue
+        if (forced is None and sched is SplitKParallelSchedule and _narrow(problem)
+                and problem.m > SHORT_TILE_MAX_M):
+            continue   # its tiles of more rows are 128 or 256 wide: half or more past N
         for cfg in split_configs(sched, problem, device):
             splits, estimate = _best_split(sched, problem, cfg, device, forced is not None)
             if forced or splits >= 2 or cfg.block_m == WGMMA_M:
@@ -955,8 +1000,42 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
             if paired is not None:
                 sched, cfg, pairing = paired
                 why = f"{why}; {pairing}"
+        narrow = _narrow_by_waves(problem, device, sched, cfg)
+        if narrow is not None:
+            sched, (cfg, why) = PersistentSchedule, narrow
     group = _raster_group(problem, cfg, device, clustered=sched.cluster_size > 1)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
+
+
+# Products of up to NARROW_WAVES_MAX_N columns, whose tiles stream A from DRAM more than they
+# compute: the narrow tile's 8 stages streamed A at ~2.75 TB/s where the 128-wide tile's 6
+# reached ~2.55 (23808 x 128 x 7616, 7168 x 128 x 7168: 1.08 x), and twice the tiles fill more
+# of a wave; the wave model (_persistent_us) ranked the two tiles as measured on 9 of 10 such
+# problems, and puts them level where both are bound by DRAM (bench/NOTES.md v0.31).
+NARROW_WAVES_MAX_N = 256
+
+
+def _narrow_by_waves(problem: Problem, device: DeviceInfo, sched, cfg: KernelConfig):
+    """(config, why) of the narrow tile on the persistent kernel where the problem has more
+    columns than that tile (narrower ones take it by tile-times already) but at most
+    NARROW_WAVES_MAX_N, and the wave model puts it no slower than the persistent kernel
+    `sched`'s `cfg`; else None."""
+    if not NARROW_BLOCK_N < problem.n <= NARROW_WAVES_MAX_N:
+        return None
+    narrow = PersistentSchedule.deepest(problem.dtype, NARROW_BLOCK_N, problem.trans_a,
+                                        problem.trans_b, device.smem_per_block_optin)
+    if narrow is None or narrow.stages < FAST_STAGES:
+        return None
+    narrow_us = _persistent_us(PersistentSchedule, problem, device, narrow)
+    chosen_us = _persistent_us(sched, problem, device, cfg)
+    if narrow_us > chosen_us:
+        return None
+    tiles = _tiles(problem, BLOCK_M, NARROW_BLOCK_N)
+    return narrow, (f"{tiles} tiles of {BLOCK_M}x{NARROW_BLOCK_N} = "
+                    f"{tiles / device.sm_count:.2f} waves of {device.sm_count} SMs: "
+                    f"{narrow_us:.1f} us by the wave model against {chosen_us:.1f} us for "
+                    f"{cfg.block_m}x{cfg.block_n} tiles on {sched.name} ({narrow.stages} "
+                    f"stages stream A faster)")
 
 
 def _tall_cluster(problem: Problem, device: DeviceInfo, shape: tuple[int, int],
@@ -1049,12 +1128,15 @@ def _wave_footprint(group: int, tiles_m: int, tiles_n: int, wave: int,
 
 def _raster_group(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
                   splits: int = 1, clustered: bool = False) -> int:
-    """M-tiles per raster group: ONE_ROUND_RASTER_GROUP where every CTA of the grid (a tile's
-    splits, the batch) is resident at once; else, for kernels of clustered tiles,
+    """M-tiles per raster group: NARROW_RASTER_GROUP for the narrow tile; else
+    ONE_ROUND_RASTER_GROUP where every CTA of the grid (a tile's splits, the batch) is
+    resident at once; else, for kernels of clustered tiles,
     RASTER_GROUP_M, and for the others the smallest of RASTER_GROUPS whose wave (the tiles of
     sm_count // splits CTAs) has the smallest footprint; all M-tiles where there are fewer."""
     tiles_m = -(-problem.m // cfg.block_m)
     tiles_n = -(-problem.n // cfg.block_n)
+    if cfg.block_n == NARROW_BLOCK_N:
+        return NARROW_RASTER_GROUP
     if tiles_m * tiles_n * splits * problem.batch <= device.sm_count:
         return min(ONE_ROUND_RASTER_GROUP, tiles_m)
     if clustered:
@@ -1067,8 +1149,11 @@ def _raster_group(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
 
 
 def _b_rows_unaligned(problem: Problem) -> bool:
-    """N-major B whose rows are not whole 128-byte lines (UNALIGNED_B_SCHEDULE's case)."""
-    return problem.trans_b and not problem.b_pitch_aligned
+    """N-major B whose rows are not whole 128-byte lines (UNALIGNED_B_SCHEDULE's case), but
+    not a narrow product's: its B of at most one box wide is read by every CTA alike from L2,
+    and the narrow tile on the persistent kernel ran 1.12 x the cluster kernel's 128 x 128 on
+    16384 x 32 x 4096 (bench/NOTES.md v0.31)."""
+    return problem.trans_b and not problem.b_pitch_aligned and not _narrow(problem)
 
 
 def _tile_speeds(sched, problem: Problem) -> dict:
@@ -1084,7 +1169,7 @@ def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: t
     tie the wider, then the shorter, among those with at least FAST_STAGES stages where any
     has; None if no shape fits."""
     speeds = _tile_speeds(sched, problem)
-    shapes = sorted((t for t in sched.tile_shapes() if t in speeds),
+    shapes = sorted((t for t in _offered_shapes(sched, problem) if t in speeds),
                     key=lambda t: (-t[1], t[0]))
     configs = {t: sched.deepest(problem.dtype, t[1], problem.trans_a, problem.trans_b,
                                 device.smem_per_block_optin, t[0]) for t in shapes}
@@ -1169,7 +1254,7 @@ def _main_configs(problem: Problem, device: DeviceInfo, epilogue_reads: bool) ->
     at its widths (_overlap_widths, as _choose_one takes them)."""
     overlap_widths = _overlap_widths(problem, device, epilogue_reads)
     out = []
-    for block_m, block_n in PersistentSchedule.tile_shapes():
+    for block_m, block_n in _offered_shapes(PersistentSchedule, problem):
         if (block_m, block_n) not in TILE_SPEED:
             continue
         sched = PersistentOverlapSchedule if block_n in overlap_widths else PersistentSchedule

@@ -24,6 +24,10 @@ BLOCK_M = 2 * WGMMA_M     # two consumer warpgroups of 64 rows each
 # consumer) hold one 64 x 192 accumulator set, not two, and shared memory four stages of
 # 192 x 192 only beside a one-box epilogue ring.
 TALL_BLOCK_M = 3 * WGMMA_M
+# The narrowest tile width: one 64-wide box of B, for products of at most that many columns
+# (heuristics.NARROW_BLOCK_N), where a 128-wide tile would compute as many columns again that
+# no store writes and leave fewer stages.
+NARROW_BLOCK_N = 64
 WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
@@ -388,6 +392,7 @@ class PersistentSchedule(WarpSpecializedSchedule):
     skeleton = "kernel_persistent.cuh"
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::persistent_gemm")
     overlap_store = True
+    block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
@@ -547,8 +552,9 @@ class SplitKSchedule(WarpSpecializedSchedule):
     workspace = True
     row_store_ok = False   # the last split's store and the reductions' go through TMA
     # Few tiles is the point of split-K: 128-wide tiles, and the fp32 partial (128 x 128 x 4 =
-    # 64 KB) still leaves 5 stages next to the operand ring.
-    block_ns = (128,)
+    # 64 KB) still leaves 5 stages next to the operand ring; 64-wide ones for products of at
+    # most 64 columns (8 stages).
+    block_ns = (NARROW_BLOCK_N, 128)
     extra_params = ("\n               const __grid_constant__ hopmm::TensorMap map_w,"
                     "\n               const float* workspace, unsigned* semaphores,")
     extra_args = " &map_w, workspace, semaphores,"

@@ -125,6 +125,12 @@ def _kernel_name(function) -> str:
     return next(n for n, h in _KERNEL_NAMES.items() if h == function)
 
 
+def _block_n(function) -> int:
+    """The tile width of the kernel behind a stand-in handle (its name's MxNxK)."""
+    tile = next(part for part in _kernel_name(function).split("_") if part.count("x") == 2)
+    return int(tile.split("x")[1])
+
+
 def _layout(function) -> tuple[bool, bool]:
     """(A is K-major, B is N-major) of the kernel behind a stand-in handle."""
     name = _kernel_name(function)
@@ -444,7 +450,8 @@ class SimulatedLaunch:
         assert not sems.any(), "semaphores must be zero when a kernel starts"
         if splits > 1:
             assert w_type == 7 and w_box == (32, 64, 1) and w_dims[2] == count
-            assert w_dims[0] >= self.tiles_n * 128 and w_dims[1] >= self.tiles_m * 128
+            assert w_dims[0] >= self.tiles_n * _block_n(self.function)
+            assert w_dims[1] >= self.tiles_m * 128
             assert w_map_ptr == w_ptr
             ws = _view(w_ptr, w_dims, w_str, np.dtype(np.float32))
         for zl in range(self.count):

@@ -27,9 +27,10 @@ def test_large_problem_takes_wide_tiles_and_fits_smem():
     assert c.config.stages >= heuristics.MIN_STAGES
 
 
-@pytest.mark.parametrize("m,n", [(512, 512), (128, 4096), (4096, 100)])
-def test_few_tiles_take_narrow_tiles(m, n):
-    assert choose(m, n, 1024).config.block_n == 128
+@pytest.mark.parametrize("m,n,width", [(512, 512, 128), (128, 4096, 128),
+                                       (4096, 100, heuristics.NARROW_BLOCK_N)])
+def test_few_tiles_take_narrow_tiles(m, n, width):
+    assert choose(m, n, 1024).config.block_n == width
 
 
 @pytest.mark.parametrize("m,n,k,width", [
@@ -817,3 +818,90 @@ def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
     decode = Problem(1, 8191, 8192, 1, "bfloat16")
     assert heuristics.row_store_choice(heuristics.choose(decode, dev, "gemv"), decode,
                                        dev) is None
+
+
+# Products of at most NARROW_BLOCK_N columns (heuristics._narrow): the 64-wide tile on every
+# unclustered 128-row schedule, no split_k_parallel tile wider than the problem.
+@pytest.mark.parametrize("m,n,k,schedule", [
+    (5056, 64, 5504, "persistent"),        # 40 tiles, DRAM-bound: unsplit beats a split
+    (16384, 32, 4096, "persistent"),       # B rows of 64 bytes: no cluster kernel for them
+    (20032, 17, 1728, "persistent"),
+    (2752, 64, 16192, "split_k_cluster"),  # 22 tiles, 253 k-blocks: split
+    (1664, 48, 22336, "split_k_cluster"),
+])
+def test_narrow_products_take_the_narrow_tile(m, n, k, schedule):
+    device = H100_CLUSTERS
+    c = choose(m, n, k, device=device)
+    assert c.schedule.name == schedule and c.tail is None
+    assert c.config.block_n == heuristics.NARROW_BLOCK_N and c.config.block_m == 128
+    assert f"tiles of 128x{heuristics.NARROW_BLOCK_N}" in c.reason
+    # one column more and the tile-time model is not offered the narrow tile (the wave
+    # model may still take it: test_narrow_tile_by_the_wave_model)
+    assert all(t[1] != heuristics.NARROW_BLOCK_N for t in heuristics._offered_shapes(
+        heuristics.PersistentSchedule, Problem(m, heuristics.NARROW_BLOCK_N + 1, k, 1,
+                                               "bfloat16")))
+
+
+def test_narrow_split_k_configs_and_models():
+    """split_k and split_k_cluster take the narrow tile; split_k_parallel, whose tiles are
+    wider, is not chosen above 64 rows unless forced (its 64-row tiles stay for problems of
+    at most 64 rows); the narrow k-block is
+    NARROW_KBLOCK_SCALE of the 128-wide one in the split-K models, so the unsplit reference a
+    split must beat is faster too."""
+    narrow = Problem(2752, 64, 16192, 1, "bfloat16")
+    for sched in (heuristics.SplitKSchedule, heuristics.SplitKClusterSchedule):
+        (cfg,) = heuristics.split_configs(sched, narrow, H100_SXM)
+        assert cfg.block_n == heuristics.NARROW_BLOCK_N
+    for m in (1000, 2752):
+        unforced = choose(m, 64, 16192, device=H100_CLUSTERS)
+        assert unforced.schedule is not heuristics.SplitKParallelSchedule
+        forced = choose(m, 64, 16192, schedule="split_k_parallel")
+        assert forced.schedule is heuristics.SplitKParallelSchedule and forced.splits >= 2
+    few_rows = Problem(48, 64, 16192, 1, "bfloat16")
+    assert all(c.block_m == 64 for c in heuristics.split_configs(
+        heuristics.SplitKParallelSchedule, few_rows, H100_SXM))
+    args = (22, 253, 4, 24 * 1024, 10_000_000)   # compute-bound: the k-blocks set the pace
+    wide = heuristics.split_k_estimate_us(*args, sm_count=132)
+    thin = heuristics.split_k_estimate_us(*args, sm_count=132, block_n=heuristics.NARROW_BLOCK_N)
+    assert thin < wide
+    wider = Problem(2752, 65, 16192, 1, "bfloat16")
+    assert heuristics._one_split_us(narrow, H100_SXM) < heuristics._one_split_us(wider, H100_SXM)
+
+
+def test_narrow_b_rows_are_not_the_unaligned_b_case():
+    """B rows of fewer than 128 bytes go to the persistent kernel's narrow tile, not to the
+    cluster kernel that splits B tiles across a pair (UNALIGNED_B_SCHEDULE)."""
+    p = Problem(16384, 48, 4096, 1, "bfloat16", b_pitch_aligned=False)
+    assert not heuristics._b_rows_unaligned(p)
+    wide = Problem(16384, 200, 4096, 1, "bfloat16", b_pitch_aligned=False)
+    assert heuristics._b_rows_unaligned(wide)
+    assert choose(16384, 48, 4096, b_pitch_aligned=False).schedule.name == "persistent"
+
+
+@pytest.mark.parametrize("m,n,k,narrow", [
+    (23808, 128, 7616, True),    # both DRAM-bound: level by the wave model, the narrow tile
+    (5312, 128, 2112, True),     # 42 tiles or 84: more SMs streaming A
+    (4800, 192, 4928, True),
+    (11648, 128, 13760, False),  # 91 tiles in one wave, or 182 in two
+    (19648, 256, 1984, False),   # 9.3 waves of narrow tiles against 2.3 of 128 x 128
+    (8192, 320, 8192, False),    # wider than NARROW_WAVES_MAX_N
+])
+def test_narrow_tile_by_the_wave_model(m, n, k, narrow):
+    """Products of 65-256 columns take the narrow tile where the wave model puts it no slower
+    than the 128-row tile the tile-time model chose, in groups of one M-tile."""
+    c = choose(m, n, k, device=H100_CLUSTERS)
+    assert (c.config.block_n == heuristics.NARROW_BLOCK_N) == narrow, c.reason
+    if narrow:
+        assert c.schedule is heuristics.PersistentSchedule and c.tail is None
+        assert c.raster_group == heuristics.NARROW_RASTER_GROUP
+        assert "by the wave model against" in c.reason
+        p = Problem(m, n, k, 1, "bfloat16")
+        wide = heuristics.PersistentSchedule.deepest("bfloat16", 128, False, True,
+                                                     H100_SXM.smem_per_block_optin)
+        assert (heuristics._persistent_us(heuristics.PersistentSchedule, p, H100_CLUSTERS,
+                                          c.config)
+                <= heuristics._persistent_us(heuristics.PersistentSchedule, p, H100_CLUSTERS,
+                                             wide))
+    # forced schedules keep the tile-time model's width
+    forced = choose(m, n, k, schedule="persistent")
+    assert forced.config.block_n >= 128

@@ -1,0 +1,118 @@
+"""GPU tier: products of at most 64 columns on the 64-wide tile (heuristics.NARROW_BLOCK_N),
+and of up to 256 where the wave model takes it, through hopmm.matmul, unsplit and split along
+K: against an fp32 cupy.matmul into NaN-poisoned outputs with a spare row after them, every
+layout, K not a multiple of 64 or below one k-block, columns that are not 16-byte aligned
+(the row store), batches, fused epilogues, forced split-K schedules, bitwise repeats and new
+operands through the remembered launches. Skips without a Hopper GPU."""
+import pytest
+
+from conftest import requires_hopper
+from forced import check_close, operands
+
+pytestmark = requires_hopper
+
+NARROW = "128x64"
+
+
+@pytest.fixture(autouse=True)
+def _heuristic_choice(monkeypatch):
+    import hopmm
+
+    monkeypatch.setenv("HOPMM_STRICT", "1")
+    hopmm.use_schedule(None)
+    yield
+    hopmm.use_schedule(None)
+
+
+def _ref(a, b):
+    import cupy
+
+    return cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+
+
+# (m, n, k, schedule the heuristic takes): unsplit where DRAM sets the pace, split where the
+# few tiles' k-blocks do; 17 columns (34-byte rows: stored by rows), K of one partial k-block.
+CASES = {
+    "unsplit": (5056, 64, 5504, "persistent"),
+    "unsplit_odd_rows": (6001, 17, 3000, "persistent"),
+    "unsplit_short_k": (9000, 48, 40, "persistent"),
+    "split": (2752, 64, 16192, "split_k_cluster"),
+    "split_odd": (1664, 37, 22339, "split_k_cluster"),
+    # 65-256 columns where the wave model takes the narrow tile: two and three N-tiles
+    "waves_128": (5312, 128, 2112, "persistent"),
+    "waves_192": (4800, 192, 4928, "persistent"),
+    "waves_odd": (7037, 103, 2444, "persistent"),
+}
+LAYOUTS = {"NN": (False, False), "TN": (True, False), "NT": (False, True), "TT": (True, True)}
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", CASES, ids=list(CASES))
+def test_narrow_tile_matches_cupy(case, dtype, layout):
+    import cupy
+
+    import hopmm
+
+    m, n, k, schedule = CASES[case]
+    a, b = operands(m, n, k, dtype, *LAYOUTS[layout])
+    buf = cupy.full((m + 1) * n, cupy.nan, dtype=dtype)
+    out = buf[:m * n].reshape(m, n)
+    text = hopmm.explain(a, b, out)
+    assert f"tiles of {NARROW}" in text and f"schedule: {schedule}\n" in text, text
+    assert hopmm.matmul(a, b, out=out) is out
+    check_close(out, _ref(a, b), dtype)
+    assert bool(cupy.isnan(buf[m * n:].astype(cupy.float32)).all())
+    again = hopmm.matmul(a, b)
+    assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))
+    a2, b2 = operands(m, n, k, dtype, *LAYOUTS[layout])
+    check_close(hopmm.matmul(a2, b2), _ref(a2, b2), dtype)
+
+
+@pytest.mark.parametrize("schedule", ["split_k", "split_k_cluster", "persistent"])
+@pytest.mark.parametrize("m,n,k", [(1000, 64, 4100), (300, 33, 700), (129, 64, 64)])
+def test_forced_schedules_take_the_narrow_tile(schedule, m, n, k):
+    import hopmm
+
+    a, b = operands(m, n, k, "bfloat16")
+    hopmm.use_schedule(schedule)
+    text = hopmm.explain(a, b)
+    assert f"tiles of {NARROW}" in text or f"_{NARROW}x64_" in text, text
+    check_close(hopmm.matmul(a, b), _ref(a, b), "bfloat16")
+
+
+@pytest.mark.parametrize("bias_form", ["columns", "rows"])
+@pytest.mark.parametrize("m,n,k", [(5056, 64, 5504), (2752, 40, 16192), (3000, 17, 900)])
+def test_narrow_fused_epilogue(m, n, k, bias_form):
+    """bias ((N,) or (M, 1)), c, alpha, beta and gelu on the narrow tile, against the fp32
+    computation; the result written into c itself (out=c)."""
+    import cupy
+
+    import hopmm
+    from hopmm import epilogue
+
+    dtype = "bfloat16"
+    a, b = operands(m, n, k, dtype)
+    bias = cupy.random.standard_normal((n,) if bias_form == "columns" else (m, 1),
+                                       dtype=cupy.float32).astype(dtype)
+    c = cupy.random.standard_normal((m, n), dtype=cupy.float32).astype(dtype)
+    keywords = dict(bias=bias, c=c, alpha=0.5, beta=2.0, activation="gelu")
+    text = hopmm.explain(a, b, c, **keywords)
+    assert f"tiles of {NARROW}" in text and "fused into the kernel" in text, text
+    ref = epilogue.reference(cupy, _ref(a, b), bias=bias, activation="gelu", alpha=0.5,
+                             beta=2.0, c=c)
+    assert hopmm.matmul(a, b, c, **keywords) is c
+    check_close(c, ref, dtype)
+
+
+def test_narrow_batches():
+    """Three matrices of 1,500 x 40 (one B broadcast over them), split and unsplit."""
+    import hopmm
+
+    for k in (600, 20000):
+        a, b = operands(1500, 40, k, "float16", batch=(3,))
+        assert f"tiles of {NARROW}" in hopmm.explain(a, b)
+        check_close(hopmm.matmul(a, b), _ref(a, b), "float16")
+        a1, _ = operands(1500, 40, k, "float16", batch=(3,))
+        b1 = b[0]
+        check_close(hopmm.matmul(a1, b1), _ref(a1, b1), "float16")
