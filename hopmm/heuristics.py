@@ -52,15 +52,15 @@ ONE_ROUND_RASTER_GROUP = 4
 # (semaphore, bulk reduce of the partial, release).
 SPLIT_K_KBLOCK_US = 0.28
 SPLIT_K_KBLOCK_LOAD = 0.45
+SPLIT_K_DRAM_TBPS = 3.0
+SPLIT_K_L2_TBPS = 16.0
+SPLIT_K_HANDOFF_US = 3.7
 # Products of at most NARROW_BLOCK_N columns run 64-wide tiles (NARROW_BLOCK_N) on the
 # unclustered 128-row schedules: a 128-wide tile computes as many columns again that no store
 # writes, and its B stage leaves 5-6 stages where the narrow tile has 8. Its k-block ran this
 # much of the 128 x 128 one's time on 13-26 CTAs (0.217-0.228 us; not half: at that load a
 # k-block waits on its loads as much as on its wgmmas) (bench/NOTES.md v0.31).
 NARROW_KBLOCK_SCALE = 0.78
-SPLIT_K_DRAM_TBPS = 3.0
-SPLIT_K_L2_TBPS = 16.0
-SPLIT_K_HANDOFF_US = 3.7
 # Split-K in clusters (SplitKClusterSchedule): the same model, but the splits of a tile add
 # their partials through distributed shared memory all at once, and the grid runs in waves of
 # the clusters the device holds at once (cluster_capacity):
@@ -484,7 +484,11 @@ def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
         return best, split[best]
     if not estimates:
         return 1, None
-    best = min(estimates, key=lambda s: (estimates[s], s))
+    # Counts the model puts level (the DRAM or L2 term binds them all): the most, since more
+    # CTAs streaming draw more of DRAM's bandwidth than the model's one rate says, as for
+    # split_k_parallel above (60 series of measured counts: pick / fastest 0.989 -> 0.997,
+    # bench/NOTES.md v0.31).
+    best = min(estimates, key=lambda s: (estimates[s], -s))
     if forced or _one_split_us(problem, device) / estimates[best] >= SPLIT_K_MIN_GAIN:
         return best, estimates[best]
     return 1, None

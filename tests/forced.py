@@ -129,3 +129,24 @@ def check(a, b, schedule, tile, dtype, group=16):
     # (TMA stores whole 16-byte chunks: the columns up to the next 16 bytes may be written)
     assert bool(cupy.isnan(buf[:, :, padded(n, c3.itemsize):]).all()), "wrote right of the rows"
     return c3
+
+
+def check_fused_into_c(a, b, bias_form, dtype="bfloat16") -> str:
+    """hopmm.matmul(a, b, c) with bias ((N,) for bias_form "columns", (M, 1) for "rows"), c,
+    alpha 0.5, beta 2 and gelu, the result written into c itself (out=c), against the fp32
+    computation; returns explain's text for the call."""
+    import cupy
+
+    import hopmm
+    from hopmm import epilogue
+
+    m, n = a.shape[-2], b.shape[-1]
+    bias = rand((n,) if bias_form == "columns" else (m, 1), dtype)
+    c = rand((m, n), dtype)
+    keywords = dict(bias=bias, c=c, alpha=0.5, beta=2.0, activation="gelu")
+    text = hopmm.explain(a, b, c, **keywords)
+    ref = epilogue.reference(cupy, cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32)),
+                             bias=bias, activation="gelu", alpha=0.5, beta=2.0, c=c)
+    assert hopmm.matmul(a, b, c, **keywords) is c
+    check_close(c, ref, dtype)
+    return text
