@@ -822,7 +822,7 @@ def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
 
 
 # Products of at most NARROW_BLOCK_N columns (heuristics._narrow): the 64-wide tile on every
-# unclustered 128-row schedule, no split_k_parallel tile wider than the problem.
+# unclustered 128-row schedule; split_k_parallel's wider tiles only where forced.
 @pytest.mark.parametrize("m,n,k,schedule", [
     (5056, 64, 5504, "persistent"),        # 40 tiles, DRAM-bound: unsplit beats a split
     (16384, 32, 4096, "persistent"),       # B rows of 64 bytes: no cluster kernel for them
@@ -831,8 +831,7 @@ def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
     (1664, 48, 22336, "split_k_cluster"),
 ])
 def test_narrow_products_take_the_narrow_tile(m, n, k, schedule):
-    device = H100_CLUSTERS
-    c = choose(m, n, k, device=device)
+    c = choose(m, n, k, device=H100_CLUSTERS)
     assert c.schedule.name == schedule and c.tail is None
     assert c.config.block_n == heuristics.NARROW_BLOCK_N and c.config.block_m == 128
     assert f"tiles of 128x{heuristics.NARROW_BLOCK_N}" in c.reason
@@ -846,9 +845,8 @@ def test_narrow_products_take_the_narrow_tile(m, n, k, schedule):
 def test_narrow_split_k_configs_and_models():
     """split_k and split_k_cluster take the narrow tile; split_k_parallel, whose tiles are
     wider, is not chosen above 64 rows unless forced (its 64-row tiles stay for problems of
-    at most 64 rows); the narrow k-block is
-    NARROW_KBLOCK_SCALE of the 128-wide one in the split-K models, so the unsplit reference a
-    split must beat is faster too."""
+    at most 64 rows); the narrow k-block is NARROW_KBLOCK_SCALE of the 128-wide one in the
+    split-K models, so the unsplit reference a split must beat is faster too."""
     narrow = Problem(2752, 64, 16192, 1, "bfloat16")
     for sched in (heuristics.SplitKSchedule, heuristics.SplitKClusterSchedule):
         (cfg,) = heuristics.split_configs(sched, narrow, H100_SXM)
