@@ -422,11 +422,17 @@ def _overlap(x, y) -> bool:
                            layout.byte_bounds(y.data.ptr, y.shape, y.strides, y.itemsize))
 
 
+def _grid(choice: heuristics.Choice, problem, dev: device_mod.DeviceInfo) -> tuple:
+    """The grid of `choice`'s kernel on `problem` (the first launch of a long batch)."""
+    return choice.schedule.grid(problem, choice.config, min(problem.batch, layout.MAX_GRID_Z),
+                                dev.sm_count, choice.splits)
+
+
 def _tail_line(tail: heuristics.Tail, problem, dev: device_mod.DeviceInfo) -> str:
     """explain's line for the second kernel of a choice with a tail."""
-    t, tail_prob = tail.choice, tail.problems(problem)[1]
+    t = tail.choice
     part = "rows" if tail.axis == "m" else "columns"
-    grid = t.schedule.grid(tail_prob, t.config, 1, dev.sm_count, t.splits)
+    grid = _grid(t, tail.problems(problem)[1], dev)
     return (f"tail: {part} {tail.start}-{getattr(problem, tail.axis) - 1}, launched after the "
             f"kernel above: {t.schedule.kernel_name(t.config)}, grid {grid}"
             + (f", {t.splits} splits along K" if t.schedule.split_k else "")
@@ -462,9 +468,7 @@ def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
                                        a.itemsize, overlapping)
         dev = device_mod.query(a.device.id)
         c, prob = call.choice, call.problem
-        main_prob = c.tail.problems(prob)[0] if c.tail else prob
-        grid = c.schedule.grid(main_prob, c.config, min(prob.batch, layout.MAX_GRID_Z),
-                               dev.sm_count, c.splits)
+        grid = _grid(c, c.tail.problems(prob)[0] if c.tail else prob, dev)
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
                   + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
                   f"output: {STORE_NOTES[store]}",

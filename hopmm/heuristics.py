@@ -859,13 +859,13 @@ def _short_k_row_store(choice: Choice, problem: Problem, device: DeviceInfo) -> 
         return choice
     why = choice.reason
     if cfg.block_n > ROW_STORE_SHORT_K_WIDTH:
-        narrow = PersistentSchedule.deepest(problem.dtype, ROW_STORE_SHORT_K_WIDTH,
-                                            problem.trans_a, problem.trans_b,
-                                            device.smem_per_block_optin)
-        if narrow is not None:
-            narrow = replace(narrow, epilogue=cfg.epilogue, row_store=True)
-        if narrow is not None and PersistentSchedule.row_store_fits(narrow):
-            cfg = narrow
+        short_k = PersistentSchedule.deepest(problem.dtype, ROW_STORE_SHORT_K_WIDTH,
+                                             problem.trans_a, problem.trans_b,
+                                             device.smem_per_block_optin)
+        if short_k is not None:
+            short_k = replace(short_k, epilogue=cfg.epilogue, row_store=True)
+        if short_k is not None and PersistentSchedule.row_store_fits(short_k):
+            cfg = short_k
             why += (f"; K of {_k_blocks(problem)} k-blocks: the store sets the "
                     f"pace, whole rows of {ROW_STORE_SHORT_K_WIDTH}-wide tiles go out faster")
     return replace(choice, config=cfg, reason=why + f"; for the row store, tiles in groups "

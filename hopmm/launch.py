@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from dataclasses import replace
 from typing import NamedTuple
 
 from . import compile as compiler
@@ -446,8 +447,6 @@ def _wave_tail_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
     operands (views of their first rows or columns, at the same base addresses), then the
     tail's launches on the rest, as offsets from those base addresses (and from a fused
     epilogue's bias and c)."""
-    from dataclasses import replace
-
     tail = choice.tail
     main_p, tail_p = tail.problems(problem)
     start = tail.start

@@ -186,6 +186,9 @@ def test_simulated_batched_tail(four_sms, m, k, n, axis):
     call = api._kernel_call(a, b, layout.matmul_shapes(a.shape, b.shape))
     assert call.choice.tail is not None and call.choice.tail.axis == axis
     expect(a, b, hopmm.matmul(a, b))
+    # explain's tail line names the grid the tail's kernel (the last launch) ran on
+    tail_line = next(x for x in hopmm.explain(a, b).splitlines() if x.startswith("tail:"))
+    assert f"grid {tuple(SimulatedLaunch.last.grid)}" in tail_line, tail_line
 
 
 @pytest.mark.parametrize("case", TAIL_CASES, ids=list(TAIL_CASES))
