@@ -34,6 +34,18 @@ def _private_kernel_cache(tmp_path_factory):
         os.environ.pop("HOPMM_CACHE_DIR", None)
 
 
+@pytest.fixture
+def heuristic_choice(monkeypatch):
+    """The heuristic chooses (no schedule forced), and a call that would quietly fall back to
+    cupy.matmul raises instead (HOPMM_STRICT)."""
+    import hopmm
+
+    monkeypatch.setenv("HOPMM_STRICT", "1")
+    hopmm.use_schedule(None)
+    yield
+    hopmm.use_schedule(None)
+
+
 @pytest.fixture(scope="session")
 def kernel_matrix(_private_kernel_cache):
     """Every registered (schedule, config) for an H100, compiled for sm_90a with its SASS

@@ -23,6 +23,13 @@ def rel_err(got, a, b):
     return float(cupy.linalg.norm(got - ref)) / (denom if denom else 1.0)
 
 
+def reference(a, b):
+    """The fp32 cupy.matmul of a and b."""
+    import cupy
+
+    return cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+
+
 def check_close(got, ref, dtype):
     """got (a 16-bit result) against the fp32 reference `ref`: same shape, no NaN (poisoned
     outputs left unwritten show), relative Frobenius error within TOL."""
@@ -145,8 +152,8 @@ def check_fused_into_c(a, b, bias_form, dtype="bfloat16") -> str:
     c = rand((m, n), dtype)
     keywords = dict(bias=bias, c=c, alpha=0.5, beta=2.0, activation="gelu")
     text = hopmm.explain(a, b, c, **keywords)
-    ref = epilogue.reference(cupy, cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32)),
-                             bias=bias, activation="gelu", alpha=0.5, beta=2.0, c=c)
+    ref = epilogue.reference(cupy, reference(a, b), bias=bias, activation="gelu", alpha=0.5,
+                             beta=2.0, c=c)
     assert hopmm.matmul(a, b, c, **keywords) is c
     check_close(c, ref, dtype)
     return text

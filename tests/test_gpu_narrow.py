@@ -7,27 +7,11 @@ operands through the remembered launches. Skips without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
-from forced import check_close, check_fused_into_c, operands
+from forced import check_close, check_fused_into_c, operands, reference
 
-pytestmark = requires_hopper
+pytestmark = [requires_hopper, pytest.mark.usefixtures("heuristic_choice")]
 
 NARROW = "128x64"
-
-
-@pytest.fixture(autouse=True)
-def _heuristic_choice(monkeypatch):
-    import hopmm
-
-    monkeypatch.setenv("HOPMM_STRICT", "1")
-    hopmm.use_schedule(None)
-    yield
-    hopmm.use_schedule(None)
-
-
-def _ref(a, b):
-    import cupy
-
-    return cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
 
 
 # (m, n, k, schedule the heuristic takes): unsplit where DRAM sets the pace, split where the
@@ -61,12 +45,12 @@ def test_narrow_tile_matches_cupy(case, dtype, layout):
     text = hopmm.explain(a, b, out)
     assert f"tiles of {NARROW}" in text and f"schedule: {schedule}\n" in text, text
     assert hopmm.matmul(a, b, out=out) is out
-    check_close(out, _ref(a, b), dtype)
+    check_close(out, reference(a, b), dtype)
     assert bool(cupy.isnan(buf[m * n:].astype(cupy.float32)).all())
     again = hopmm.matmul(a, b)
     assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))
     a2, b2 = operands(m, n, k, dtype, *LAYOUTS[layout])
-    check_close(hopmm.matmul(a2, b2), _ref(a2, b2), dtype)
+    check_close(hopmm.matmul(a2, b2), reference(a2, b2), dtype)
 
 
 @pytest.mark.parametrize("schedule", ["split_k", "split_k_cluster", "persistent"])
@@ -78,7 +62,7 @@ def test_forced_schedules_take_the_narrow_tile(schedule, m, n, k):
     hopmm.use_schedule(schedule)
     text = hopmm.explain(a, b)
     assert f"tiles of {NARROW}" in text or f"_{NARROW}x64_" in text, text
-    check_close(hopmm.matmul(a, b), _ref(a, b), "bfloat16")
+    check_close(hopmm.matmul(a, b), reference(a, b), "bfloat16")
 
 
 @pytest.mark.parametrize("bias_form", ["columns", "rows"])
@@ -97,7 +81,7 @@ def test_narrow_batches():
     for k in (600, 20000):
         a, b = operands(1500, 40, k, "float16", batch=(3,))
         assert f"tiles of {NARROW}" in hopmm.explain(a, b)
-        check_close(hopmm.matmul(a, b), _ref(a, b), "float16")
+        check_close(hopmm.matmul(a, b), reference(a, b), "float16")
         a1, _ = operands(1500, 40, k, "float16", batch=(3,))
         b1 = b[0]
-        check_close(hopmm.matmul(a1, b1), _ref(a1, b1), "float16")
+        check_close(hopmm.matmul(a1, b1), reference(a1, b1), "float16")

@@ -7,24 +7,9 @@ unaligned rows falls back to one kernel. Skips without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
-from forced import check_close, check_fused_into_c, operands
+from forced import check_close, check_fused_into_c, operands, reference
 
-pytestmark = requires_hopper
-
-
-@pytest.fixture(autouse=True)
-def _heuristic_choice(monkeypatch):
-    import hopmm
-
-    monkeypatch.setenv("HOPMM_STRICT", "1")
-    hopmm.use_schedule(None)
-    yield
-
-
-def _ref(a, b):
-    import cupy
-
-    return cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+pytestmark = [requires_hopper, pytest.mark.usefixtures("heuristic_choice")]
 
 
 # (m, n, k, A transposed, B transposed, the tail's part): 136 tiles of 128 rows, a tail of
@@ -58,14 +43,14 @@ def test_tail_matches_cupy(case, dtype):
     assert f"\ntail: {part} " in text, text
     got = hopmm.matmul(a, b, out=out)
     assert got is out
-    check_close(out, _ref(a, b), dtype)
+    check_close(out, reference(a, b), dtype)
     assert bool(cupy.isnan(buf[m * n:].astype(cupy.float32)).all())
     # repeated: the same bits (no atomics in either kernel's reduction)
     again = hopmm.matmul(a, b)
     assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))
     # new operands through the remembered launches
     a2, b2 = operands(m, n, k, dtype, ta, tb)
-    check_close(hopmm.matmul(a2, b2), _ref(a2, b2), dtype)
+    check_close(hopmm.matmul(a2, b2), reference(a2, b2), dtype)
 
 
 @pytest.mark.parametrize("case", ["odd_n", "strided_out"])
@@ -84,7 +69,7 @@ def test_results_stored_by_rows_run_on_one_kernel(case):
     text = hopmm.explain(a, b, out)
     assert "tail:" not in text and "stores the rows itself" in text, text
     hopmm.matmul(a, b, out=out)
-    check_close(out, _ref(a, b), "bfloat16")
+    check_close(out, reference(a, b), "bfloat16")
     if case == "strided_out":
         assert bool(cupy.isnan(buf[:, n:].astype(cupy.float32)).all())
 
@@ -105,4 +90,4 @@ def test_batched_tail():
 
     a, b = operands(8600, 64, 4096, "float16", batch=(2,))
     assert "\ntail: rows 8448-8599" in hopmm.explain(a, b)
-    check_close(hopmm.matmul(a, b), _ref(a, b), "float16")
+    check_close(hopmm.matmul(a, b), reference(a, b), "float16")
