@@ -13,7 +13,7 @@ from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_V
                         WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
                         PersistentClusterOverlapSchedule, PersistentClusterSchedule,
                         PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
-                        SplitKParallelSchedule, SplitKSchedule)
+                        SplitKParallelSchedule, SplitKSchedule, StreamKSchedule)
 
 # M-tiles per raster group (tile_raster.cuh walks a group column by column). The tiles a wave
 # of CTAs runs at once share the k-slices of A and B they read through L2, so a group is chosen
@@ -945,6 +945,12 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
                             rival=_tile_rival(problem, device))
         if gemv is not None:
             return gemv
+    if schedule == StreamKSchedule.name:
+        forced_choice = _stream_k_choice(problem, device)
+        if forced_choice is None:
+            raise ValueError(f"stream_k: no tile of it fits {device.name}'s shared memory, or "
+                             f"the batch of {problem.batch} exceeds one launch's")
+        return forced_choice
     split_k_names = [s.name for s in SPLIT_K_SCHEDULES]
     if schedule is None or schedule in split_k_names:
         split = _split_k_choice(problem, device, forced=schedule)
@@ -1007,8 +1013,53 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
         narrow = _narrow_by_waves(problem, device, sched, cfg)
         if narrow is not None:
             sched, (cfg, why) = PersistentSchedule, narrow
+        if _store_bound(problem, device):
+            return _store_bound_choice(problem, device, why)
     group = _raster_group(problem, cfg, device, clustered=sched.cluster_size > 1)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
+
+
+# Store-bound products (K of one k-block, a result of at least STORE_BOUND_C_SHARE x the
+# operands' bytes, several waves) run at the rate C is written: 128 x 256 tiles with each
+# consumer's whole tile staged (all its stores in flight while the next tile computes) in
+# waves along rows of tiles (a wave writes whole rows of C) wrote up to 2.72 TB/s, 1.03 x the
+# tile-time model's pick on 52 such problems; where 128 x 256 pads N by more than
+# STORE_BOUND_PAD over 128 x 128, and at two k-blocks, it ran level (bench/NOTES.md v0.32).
+STORE_BOUND_MAX_K_BLOCKS = 1
+STORE_BOUND_C_SHARE = 10
+STORE_BOUND_RASTER_GROUP = 1
+STORE_BOUND_WIDTH = 256
+STORE_BOUND_PAD = 0.02
+
+
+def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
+    c_bytes = problem.m * problem.n * problem.batch * ELEM_BYTES
+    padded = -(-problem.n // STORE_BOUND_WIDTH) * STORE_BOUND_WIDTH
+    return (_k_blocks(problem) <= STORE_BOUND_MAX_K_BLOCKS
+            and c_bytes >= STORE_BOUND_C_SHARE * _operand_bytes(problem)
+            and _tiles(problem, BLOCK_M, STORE_BOUND_WIDTH) > device.sm_count
+            and padded <= -(-problem.n // UNSPLIT_BLOCK_N) * UNSPLIT_BLOCK_N
+            + STORE_BOUND_PAD * problem.n)
+
+
+def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice:
+    """The persistent kernel for a store-bound problem (_store_bound), as above; `why`: the
+    reason of the choice it replaces."""
+    cfg = PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH, problem.trans_a,
+                                     problem.trans_b, device.smem_per_block_optin)
+    staged = replace(cfg, c_buffers=PersistentSchedule.c_boxes(cfg))
+    stages = PersistentSchedule.max_stages(staged, device.smem_per_block_optin)
+    if stages >= FAST_STAGES:   # (an H100 has 3 beside the whole tile)
+        cfg = replace(staged, stages=min(stages, cfg.stages))
+    staging = ("the whole tile" if cfg.c_buffers == PersistentSchedule.c_boxes(cfg)
+               else "a ring of boxes")
+    why = (f"K of one k-block and a result of "
+           f"{problem.m * problem.n * problem.batch * ELEM_BYTES / 1e6:.0f} MB: the stores set "
+           f"the pace, so {BLOCK_M}x{STORE_BOUND_WIDTH} tiles with {staging} staged per "
+           f"consumer, in waves along rows of tiles (instead of: {why})")
+    return Choice(PersistentSchedule, cfg,
+                  _with_memory_plan(why, cfg, device, STORE_BOUND_RASTER_GROUP),
+                  STORE_BOUND_RASTER_GROUP)
 
 
 # Products of up to NARROW_WAVES_MAX_N columns, whose tiles stream A from DRAM more than they
@@ -1241,6 +1292,98 @@ def _persistent_us(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfi
     return full * wave_us(workers) + (wave_us(last) if last else 0.0) + UNSPLIT_EPILOGUE_US
 
 
+# Stream-K in lanes (StreamKSchedule): every CTA an equal share of its lane's k-blocks. Its
+# model, fitted to timings of every tile and lane direction on 12 problems (NOTES v0.32):
+#   time = max(share of k-blocks and exposed epilogues * k-block * STREAM_K_KBLOCK_SCALE,
+#              operand tiles all CTAs load / STREAM_K_L2_TBPS,  DRAM bytes / UNSPLIT_DRAM_TBPS)
+#          + STREAM_K_PIECE_US * pieces an owner adds  +  UNSPLIT_EPILOGUE_US
+# with the wave model's k-block (_persistent_us). The L2 term: CTAs at different k-blocks ask
+# L2 for different lines, where a wave of whole tiles asks for each line from many SMs at
+# once and is served faster. DRAM: the lanes' own operand once (it must fit L2:
+# STREAM_K_L2_BYTES), the operand they share once where it fits L2 too, else once a lane.
+# The heuristic never takes it unforced (its picks ran 0.73-1.07 x the other choice, 8 of 10
+# slower; NOTES v0.32): it is forced (use_schedule) or autotuned.
+STREAM_K_KBLOCK_SCALE = 1.4
+STREAM_K_L2_TBPS = 7.0
+STREAM_K_PIECE_US = 1.0
+STREAM_K_L2_BYTES = 24 << 20
+
+
+def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
+                device: DeviceInfo) -> float:
+    """The stream-K model above, in microseconds, for lanes by raster `group` (1: rows of
+    tiles; every M-tile: columns) on `ctas` CTAs."""
+    shape = (cfg.block_m, cfg.block_n)
+    lanes = StreamKSchedule.lanes(problem, cfg, group)
+    lane_tiles = StreamKSchedule.lane_tiles(problem, cfg, group) * problem.batch
+    per_lane = ctas // lanes
+    k_blocks = _k_blocks(problem)
+    share = -(-lane_tiles * k_blocks // per_lane)
+    stored = -(-lane_tiles // per_lane)
+    kblock_us = (UNSPLIT_KBLOCK_US * TILE_SPEED[BLOCK_M, UNSPLIT_BLOCK_N] / TILE_SPEED[shape]
+                 * shape[0] * shape[1] / (BLOCK_M * UNSPLIT_BLOCK_N)
+                 * (1 + UNSPLIT_LOAD * ctas / device.sm_count))
+    compute = (share + EXPOSED_EPILOGUE_K_BLOCKS * stored) * kblock_us * STREAM_K_KBLOCK_SCALE
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
+    l2 = tiles * k_blocks * StreamKSchedule.stage_load_bytes(cfg) / (STREAM_K_L2_TBPS * 1e6)
+    own = _lane_operand_bytes(problem, group, -(-problem.m // cfg.block_m))
+    shared = _operand_bytes(problem) - own
+    reads = own + shared * (1 if shared <= STREAM_K_L2_BYTES else lanes)
+    dram = ((reads + problem.m * problem.n * problem.batch * ELEM_BYTES)
+            / (UNSPLIT_DRAM_TBPS * 1e6))
+    # No pieces where a lane's tiles divide evenly among its CTAs; else an owner adds the
+    # piece of every later CTA whose first k-block lies in its tile.
+    pieces = 0 if lane_tiles % per_lane == 0 else -(-per_lane // lane_tiles)
+    return max(compute, l2, dram) + pieces * STREAM_K_PIECE_US + UNSPLIT_EPILOGUE_US
+
+
+def _lane_operand_bytes(problem: Problem, group: int, tiles_m: int) -> int:
+    """Bytes of the operand a lane re-reads tile after tile: A where lanes are rows of tiles,
+    B where they are columns."""
+    rows = problem.n if group >= tiles_m else problem.m
+    return rows * problem.k * problem.batch * ELEM_BYTES
+
+
+def stream_k_choices(problem: Problem, device: DeviceInfo) -> list[Choice]:
+    """Stream-K on each tile and lane direction that fits, with as many CTAs a lane as the SMs
+    allow (at most one a k-block), each with its model's time in its reason."""
+    if problem.batch > MAX_GRID_Z:
+        return []
+    out = []
+    for shape in StreamKSchedule.tile_shapes():
+        cfg = StreamKSchedule.deepest(problem.dtype, shape[1], problem.trans_a, problem.trans_b,
+                                      device.smem_per_block_optin, shape[0])
+        if cfg is None:
+            continue
+        tiles_m = -(-problem.m // cfg.block_m)
+        for group in sorted({1, tiles_m}):
+            lanes = StreamKSchedule.lanes(problem, cfg, group)
+            units = (StreamKSchedule.lane_tiles(problem, cfg, group) * problem.batch
+                     * _k_blocks(problem))
+            per_lane = min(device.sm_count // lanes, units)
+            if per_lane < 1:
+                continue
+            us = stream_k_us(problem, cfg, group, lanes * per_lane, device)
+            kind = "columns" if group >= tiles_m else "rows"
+            why = (f"stream-K: {lanes} lanes ({kind} of {cfg.block_m}x{cfg.block_n} tiles) of "
+                   f"{per_lane} CTAs each, every CTA multiplying an equal share of its lane's "
+                   f"k-blocks; predicted {us:.1f} us; {cfg.stages} stages fit in "
+                   f"{device.smem_per_block_optin} B of shared memory")
+            out.append(Choice(StreamKSchedule, cfg, why, group, lanes * per_lane))
+    return out
+
+
+def _stream_k_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
+    """Forced stream-K: the tile and lanes its model puts fastest, lanes whose own operand
+    fits STREAM_K_L2_BYTES first; None where no tile fits."""
+    def key(choice: Choice):
+        own = _lane_operand_bytes(problem, choice.raster_group,
+                                  -(-problem.m // choice.config.block_m))
+        return (own > STREAM_K_L2_BYTES, _choice_us(choice, problem, device))
+
+    return min(stream_k_choices(problem, device), key=key, default=None)
+
+
 def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | None:
     """The model's time of `choice` on `problem`: the split-K models' estimate for its split
     count, the wave model for the persistent kernels; None for the others."""
@@ -1249,6 +1392,8 @@ def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | 
         return estimates.get(choice.splits)
     if choice.schedule in TAIL_MAIN_SCHEDULES:
         return _persistent_us(choice.schedule, problem, device, choice.config)
+    if choice.schedule is StreamKSchedule:
+        return stream_k_us(problem, choice.config, choice.raster_group, choice.splits, device)
     return None
 
 
@@ -1295,7 +1440,8 @@ def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo,
     for choose), where the model puts that TAIL_MIN_GAIN ahead of `whole` (see
     TAIL_MIN_GAIN); None otherwise. Problems whose whole choice the wave model times
     (TAIL_MAIN_SCHEDULES), not a tail on gemv."""
-    if whole.schedule not in TAIL_MAIN_SCHEDULES or min(problem.m, problem.n) <= GEMV_MAX_M:
+    if (whole.schedule not in TAIL_MAIN_SCHEDULES or min(problem.m, problem.n) <= GEMV_MAX_M
+            or _store_bound(problem, device)):
         return None
     whole_us = _choice_us(whole, problem, device)
     best = None

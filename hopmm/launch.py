@@ -227,18 +227,21 @@ class WorkspaceLaunch:
     """A split-K launch: a KernelLaunch whose workspace map and pointers are those of the
     launching (device, stream) (workspace.py), looked up on every launch."""
 
-    __slots__ = ("inner", "device_id", "workspace_bytes", "semaphores")
+    __slots__ = ("inner", "device_id", "workspace_bytes", "semaphores", "workspace_addresses")
 
-    def __init__(self, inner, device_id: int, workspace_bytes: int, semaphores: int):
+    def __init__(self, inner, device_id: int, workspace_bytes: int, semaphores: int,
+                 workspace_map: bool = True):
         self.inner = inner
         self.device_id = device_id
         self.workspace_bytes = workspace_bytes
         self.semaphores = semaphores
+        # The workspace's address fills its map (where the kernel takes one), then a pointer.
+        self.workspace_addresses = 2 if workspace_map else 1
 
     def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int, *epilogue_ptrs) -> None:
         ws = workspace.get(self.device_id, stream, self.workspace_bytes, self.semaphores)
-        w_ptr = ws.data_ptr
-        self.inner.launch(stream, a_ptr, b_ptr, c_ptr, w_ptr, w_ptr, ws.semaphores_ptr,
+        self.inner.launch(stream, a_ptr, b_ptr, c_ptr,
+                          *(ws.data_ptr,) * self.workspace_addresses, ws.semaphores_ptr,
                           *epilogue_ptrs)
 
 
@@ -392,21 +395,25 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         if cfg.epilogue is not None:
             ints += epilogue.scalars(problem.m, problem.n)
         grid = sched.grid(problem, cfg, count, sm_count, choice.splits)
+        sched.check_grid(problem, cfg, count, choice.raster_group, choice.splits)
         if not sched.workspace:
             launches.append(KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
                                          templates, ints, pointers=sched.launch_pointers(cfg),
                                          programmatic=programmatic,
                                          cluster=sched.launch_cluster(choice.splits)))
             continue
-        # Split-K: a fourth map (the fp32 workspace of this chunk's geometry) and the
-        # workspace / semaphore pointers, all of the launching stream's workspace.
+        # Split-K: a fourth map (the fp32 workspace of this chunk's geometry; stream_k has
+        # none) and the workspace / semaphore pointers, all of the launching stream's workspace.
         ws_shape = sched.workspace_shape(problem, cfg, count, choice.splits)
+        ws_maps = [_map_template(workspace_spec(ws_shape))] if sched.workspace_map else []
         inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem,
-                             templates + [_map_template(workspace_spec(ws_shape))], ints,
+                             templates + ws_maps, ints,
                              pointers=sched.launch_pointers(cfg), programmatic=programmatic)
         ws_bytes = ws_shape[0] * ws_shape[1] * ws_shape[2] * F32_BYTES
         launches.append(WorkspaceLaunch(inner, device_id, ws_bytes,
-                                        sched.semaphore_count(problem, cfg, count)))
+                                        sched.semaphore_count(problem, cfg, count,
+                                                              choice.splits),
+                                        sched.workspace_map))
     return launches
 
 

@@ -154,6 +154,9 @@ class WarpSpecializedSchedule:
     pointers = 0
     # Whether split-K partials go through an fp32 workspace in global memory (and semaphores).
     workspace = False
+    # Whether the kernel takes a tensor map of that workspace (before its pointers), or only
+    # the pointers.
+    workspace_map = True
     # Rows of the output's TMA store box (its columns: TMA_BOX_ELEMS).
     c_box_rows = WGMMA_M
     # Whether the kernel runs in clusters shaped at launch (1 x splits x 1: split_k_cluster),
@@ -292,6 +295,12 @@ class WarpSpecializedSchedule:
         """One CTA per tile: x is the linear tile index (ordered by the raster), z the batch."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return (tiles_m * tiles_n, 1, batch_count)
+
+    @classmethod
+    def check_grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                   raster_group: int, splits: int) -> None:
+        """ValueError for a launch the kernel cannot run (grid checks its own bounds; stream_k
+        has more)."""
 
     @classmethod
     def launch_cluster(cls, splits: int = 1) -> tuple[int, int, int]:
@@ -614,7 +623,8 @@ class SplitKSchedule(WarpSpecializedSchedule):
         return (batch_count, tiles_m * cfg.block_m, tiles_n * cfg.block_n)
 
     @classmethod
-    def semaphore_count(cls, problem: Problem, cfg: KernelConfig, batch_count: int) -> int:
+    def semaphore_count(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                        splits: int = 1) -> int:
         """One semaphore per (batch slot, tile, consumer warpgroup)."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return batch_count * tiles_m * tiles_n * cfg.consumers
@@ -721,10 +731,80 @@ class SplitKParallelSchedule(SplitKSchedule):
                        {cls.trimmed_config(cfg, rows) for rows in TRIMMED_A_ROWS} - {cfg}]
 
 
+class StreamKSchedule(PersistentSchedule):
+    """Stream-K in lanes (kernel_stream_k.cuh): for few tiles over a long K, every CTA of the
+    grid multiplies the same number of k-blocks of a lane's stream of tiles, and the owner of a
+    tile cut apart adds the other pieces (fp32, through a workspace slot per CTA) in k order
+    before its epilogue. A lane is a row of tiles (raster groups of one M-tile) or a column
+    (groups of every M-tile); the lanes are cut alike, so the tiles at one position of every
+    lane share their common operand through L2 as one wave of whole tiles does. The grid's
+    CTA count is the choice's `splits`, a multiple of the lanes."""
+
+    name = "stream_k"
+    skeleton = "kernel_stream_k.cuh"
+    slots = dict(PersistentSchedule.slots, SKELETON="hopmm::stream_k_gemm")
+    block_ns = WarpSpecializedSchedule.block_ns
+    workspace = True
+    workspace_map = False
+    extra_params = "\n               float* workspace, unsigned* flags,"
+    extra_args = " workspace, flags,"
+    pointers = 2
+
+    @classmethod
+    def smem_note(cls, cfg: KernelConfig) -> str:
+        return (super().smem_note(cfg) + "; the pieces of tiles cut apart go through an fp32 "
+                "workspace slot per CTA, not shared memory")
+
+    @staticmethod
+    def lane_tiles(problem: Problem, cfg: KernelConfig, raster_group: int) -> int:
+        """Tiles of one lane in one batch slice: a column of tiles where the raster groups hold
+        every M-tile, else a row (kernel_stream_k.cuh)."""
+        tiles_m = -(-problem.m // cfg.block_m)
+        return tiles_m if raster_group >= tiles_m else -(-problem.n // cfg.block_n)
+
+    @classmethod
+    def lanes(cls, problem: Problem, cfg: KernelConfig, raster_group: int) -> int:
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return tiles_m * tiles_n // cls.lane_tiles(problem, cfg, raster_group)
+
+    @classmethod
+    def check_grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                   raster_group: int, ctas: int) -> None:
+        """ValueError unless `ctas` is a whole number of CTAs for each lane, each with at
+        least one k-block (so that every piece an owner waits for exists)."""
+        lanes = cls.lanes(problem, cfg, raster_group)
+        units = (cls.lane_tiles(problem, cfg, raster_group) * batch_count
+                 * cls.k_blocks(problem, cfg))
+        if ctas < lanes or ctas % lanes or ctas // lanes > units:
+            raise ValueError(f"stream_k: {ctas} CTAs for {lanes} lanes of {units} k-blocks "
+                             f"each; a multiple of the lanes, at most one CTA a k-block")
+
+    @classmethod
+    def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+             sm_count: int, splits: int = 1) -> tuple[int, int, int]:
+        """`splits` CTAs (at most one per SM: an owner waits for later CTAs)."""
+        if not 1 <= splits <= sm_count:
+            raise ValueError(f"stream_k: {splits} CTAs on {sm_count} SMs")
+        return (splits, 1, 1)
+
+    @classmethod
+    def workspace_shape(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                        splits: int) -> tuple[int, int, int]:
+        """(slots, rows, columns): a tile's fp32 piece per CTA."""
+        return (splits, cfg.block_m, cfg.block_n)
+
+    @classmethod
+    def semaphore_count(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                        splits: int = 1) -> int:
+        """A flag per (CTA, consumer warpgroup)."""
+        return splits * cfg.consumers
+
+
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
                                  PersistentOverlapSchedule, PersistentClusterSchedule,
                                  PersistentClusterOverlapSchedule, PingPongSchedule,
-                                 SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)}
+                                 SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
+                                 StreamKSchedule)}
 
 
 # ---- two products that share A in one kernel (kernel_dual_b.cuh) ---------------------------

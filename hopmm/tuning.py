@@ -27,7 +27,8 @@ from . import heuristics
 from .heuristics import GEMV_MAX_M, SPLIT_K_MAX_SPLITS, Choice, split_configs
 from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
-from .schedules import BLOCK_M, MIN_STAGES, SCHEDULES, GemvSchedule, SplitKParallelSchedule
+from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, GemvSchedule, SplitKParallelSchedule,
+                        StreamKSchedule)
 from .timing import interleaved_medians, sustained_medians
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
@@ -91,8 +92,13 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
         raise ValueError(f"stages {entry.stages!r} do not fit this device's shared memory")
     cfg = replace(deepest, stages=entry.stages)
     splits = entry.splits
-    if type(splits) is not int or splits < 1 or (splits > 1 and not sched.split_k):
+    counted = sched.split_k or sched is StreamKSchedule   # stream_k: the grid's CTAs
+    if type(splits) is not int or splits < 1 or (splits > 1 and not counted):
         raise ValueError(f"splits {splits!r} invalid for schedule {entry.schedule!r}")
+    if sched is StreamKSchedule:
+        sched.grid(problem, cfg, min(problem.batch, MAX_GRID_Z), device.sm_count, splits)
+        sched.check_grid(problem, cfg, min(problem.batch, MAX_GRID_Z), entry.raster_group,
+                         splits)
     if sched.split_k:
         bound = sched.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z), device.sm_count)
         if splits > bound:
@@ -233,6 +239,10 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
             configs = [sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
                                      device.smem_per_block_optin, block_m)
                        for block_m, block_n in sched.tile_shapes()]
+        if sched is StreamKSchedule:
+            out.extend(replace(c, reason="autotune candidate")
+                       for c in heuristics.stream_k_choices(problem, device))
+            continue
         for cfg in filter(None, configs):
             tiles_m = -(-problem.m // cfg.block_m)
             groups = sorted({min(g, tiles_m) for g in RASTER_GROUPS})
@@ -269,7 +279,8 @@ def label(choice: Choice) -> str:
     c = choice.config
     if choice.schedule is GemvSchedule:
         return f"gemv {c.tag} k{choice.splits}"
-    split = f" k{choice.splits}" if choice.schedule.split_k else ""
+    split = (f" k{choice.splits}" if choice.schedule.split_k else
+             f" ctas{choice.splits}" if choice.schedule is StreamKSchedule else "")
     tail = (f" + tail {choice.tail.axis}{choice.tail.start}: {label(choice.tail.choice)}"
             if choice.tail else "")
     return (f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} "

@@ -150,3 +150,29 @@ def test_copy_route_only_where_cupy_matmul_computes_the_call(dtype, routed):
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     got = hopmm.matmul(a, b).astype(cupy.float32)
     assert float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)) < TOL[dtype]
+
+
+@pytest.mark.parametrize("layout", ["NN", "TN", "NT", "TT"])
+@pytest.mark.parametrize("m,n,k", [(13056, 5120, 64), (8000, 4352, 40), (6001, 7936, 64)])
+def test_store_bound_choice(m, n, k, layout):
+    """K of one k-block and a large result (heuristics._store_bound): 128 x 256 tiles, the
+    whole tile staged per consumer, waves along rows of tiles; every element written
+    (NaN-poisoned output, a spare row after it), bitwise repeatable."""
+    import cupy
+
+    import hopmm
+    from forced import operands
+
+    a, b = operands(m, n, k, "float16", layout[0] == "T", layout[1] == "T")
+    buf = cupy.full((m + 1) * n, cupy.nan, dtype="float16")
+    out = buf[:m * n].reshape(m, n)
+    text = hopmm.explain(a, b, out)
+    assert "the stores set the pace" in text and "tiles in groups of 1 M-tiles" in text, text
+    hopmm.matmul(a, b, out=out)
+    ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
+    got = out.astype(cupy.float32)
+    assert not bool(cupy.isnan(got).any())
+    assert float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)) < TOL["float16"]
+    assert bool(cupy.isnan(buf[m * n:].astype(cupy.float32)).all())
+    again = hopmm.matmul(a, b)
+    assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))

@@ -9,7 +9,7 @@ from hopmm import heuristics, tuning
 from hopmm.kernel_cache import CacheWarning
 from hopmm.device import H100_SXM
 from hopmm.problem import Problem
-from hopmm.schedules import SCHEDULES
+from hopmm.schedules import SCHEDULES, StreamKSchedule
 
 PROBLEM = Problem(4096, 4096, 4096, 1, "bfloat16", "k", "n")
 
@@ -110,9 +110,18 @@ def test_entry_of_an_unknown_schedule_is_ignored(capsys):
 def test_candidates_cover_schedules_widths_and_groups():
     cands = tuning.candidates(PROBLEM, H100_SXM)
     names = {tuning.label(c) for c in cands}
-    # pingpong: 128 only; split-K: none here, 1024 tiles leave no SM idle.
-    shapes = sum(len(s.tile_shapes()) for s in SCHEDULES.values() if not s.split_k)
-    assert len(names) == len(cands) == shapes * len(tuning.RASTER_GROUPS)
+    # pingpong: 128 only; split-K: none here, 1024 tiles leave no SM idle; stream_k: each
+    # tile with lanes by rows and by columns of tiles (its two raster groups), no others.
+    shapes = sum(len(s.tile_shapes()) for s in SCHEDULES.values()
+                 if not s.split_k and s is not StreamKSchedule)
+    stream_k = [c for c in cands if c.schedule is StreamKSchedule]
+    assert len(names) == len(cands) == shapes * len(tuning.RASTER_GROUPS) + len(stream_k)
+    tiles_m = -(-PROBLEM.m // 128)
+    assert sorted((c.config.block_n, c.raster_group) for c in stream_k) == [
+        (n, g) for n in (128, 192, 256) for g in (1, tiles_m)]
+    for c in stream_k:   # as many CTAs as the SMs allow, a whole number for each lane
+        lanes = StreamKSchedule.lanes(PROBLEM, c.config, c.raster_group)
+        assert c.splits == H100_SXM.sm_count // lanes * lanes
     assert {(c.schedule.name, c.config.block_m, c.config.block_n) for c in cands} >= {
         ("persistent_cluster", 192, 192), ("persistent", 128, 256)}
     assert {(c.schedule.name, c.config.block_n) for c in cands} >= {("pingpong", 128)}
@@ -120,8 +129,10 @@ def test_candidates_cover_schedules_widths_and_groups():
     assert {c.schedule.name for c in cands} >= {"persistent", "persistent_cluster"}
     small = tuning.candidates(Problem(256, 4096, 4096, 1, "bfloat16", "k", "n"), H100_SXM)
     # only two M tiles to group (four of split_k_parallel's 64-row tiles)
-    assert all(c.raster_group == -(-256 // c.config.block_m) for c in small)
-    assert {c.raster_group for c in small if c.config.block_m == 128} == {2}
+    assert all(c.raster_group == -(-256 // c.config.block_m) for c in small
+               if c.schedule is not StreamKSchedule)   # (its group 1: lanes of rows)
+    assert {c.raster_group for c in small
+            if c.config.block_m == 128 and c.schedule is not StreamKSchedule} == {2}
 
 
 @pytest.mark.parametrize("field,value", [("raster_group", 0), ("block_n", "256"),
@@ -156,7 +167,8 @@ def test_split_candidates_where_tiles_leave_sms_idle():
     splits = {name: sorted({c.splits for c in cands if c.schedule.name == name})
               for name in ("split_k", "split_k_cluster")}
     assert splits == {"split_k": [2, 4, 8], "split_k_cluster": [2, 4, 8]}
-    assert all(c.splits == 1 for c in cands if not c.schedule.split_k)
+    assert all(c.splits == 1 for c in cands
+               if not c.schedule.split_k and c.schedule is not StreamKSchedule)
     labels = [tuning.label(c) for c in cands if c.schedule.name == "split_k_cluster"]
     assert len(labels) == len(set(labels)) and "split_k_cluster 128x128 s5 g4 k8" in labels
 

@@ -1,0 +1,190 @@
+"""CPU: stream-K in lanes (schedules.StreamKSchedule) — its lanes, launch geometry and
+workspace, the forced choice and its model, its place in autotune, the rendered kernel's
+hand-off order; and the heuristic's store-bound rule for short K."""
+import random
+
+import pytest
+
+from hopmm import heuristics, tuning
+from hopmm.device import H100_SXM
+from hopmm.problem import Problem
+from hopmm.schedules import PersistentSchedule, StreamKSchedule as SK
+
+
+def problem(m, n, k, batch=1, dtype="bfloat16"):
+    return Problem(m, n, k, batch, dtype, "k", "n")
+
+
+def config(width, p):
+    return SK.deepest(p.dtype, width, p.trans_a, p.trans_b, H100_SXM.smem_per_block_optin)
+
+
+def test_lanes_are_rows_or_columns_of_tiles():
+    """Raster groups of one M-tile walk rows of tiles (a lane per M-tile), groups of every
+    M-tile walk columns (a lane per N-tile)."""
+    p = problem(1472, 896, 9472)   # 12 x 7 tiles of 128 x 128
+    cfg = config(128, p)
+    assert (SK.lane_tiles(p, cfg, 1), SK.lanes(p, cfg, 1)) == (7, 12)
+    assert (SK.lane_tiles(p, cfg, 12), SK.lanes(p, cfg, 12)) == (12, 7)
+    assert SK.lanes(p, cfg, 16) == 7   # a group past every M-tile is all of them
+
+
+@pytest.mark.parametrize("ctas,ok", [(126, True), (7, True), (132, False), (6, False),
+                                     (7 * 12 * 148 + 7, False)])
+def test_grid_checks(ctas, ok):
+    """A whole number of CTAs for each lane, at most one CTA a k-block of the lane, at most one
+    CTA an SM (an owner waits for later CTAs of its lane)."""
+    p = problem(1472, 896, 9472)
+    cfg = config(128, p)
+    if ok:
+        SK.check_grid(p, cfg, 1, 12, ctas)
+        assert SK.grid(p, cfg, 1, 132, ctas) == (ctas, 1, 1)
+    else:
+        with pytest.raises(ValueError, match="stream_k"):
+            SK.check_grid(p, cfg, 1, 12, ctas)
+            SK.grid(p, cfg, 1, 132, ctas)
+    with pytest.raises(ValueError, match="CTAs on 132 SMs"):
+        SK.grid(p, cfg, 1, 132, 133)
+
+
+def test_workspace_is_a_tile_piece_per_cta():
+    p = problem(1472, 896, 9472)
+    cfg = config(256, p)
+    assert SK.workspace_shape(p, cfg, 1, 132) == (132, 128, 256)
+    assert SK.semaphore_count(p, cfg, 1, 132) == 132 * 2
+    assert SK.workspace and not SK.workspace_map and SK.pointers == 2
+
+
+def test_forced_stream_k_takes_a_model_choice_that_fits():
+    """Forced, stream-K takes the tile and lane direction its model puts fastest among those
+    whose lanes' own operand fits L2, with as many CTAs a lane as the SMs allow."""
+    p = problem(3264, 448, 20416)   # A 133 MB: lanes must be columns (B, 18 MB, re-read)
+    c = heuristics.choose(p, H100_SXM, "stream_k")
+    assert c.schedule is SK
+    tiles_m = -(-p.m // c.config.block_m)
+    assert c.raster_group == tiles_m
+    lanes = SK.lanes(p, c.config, c.raster_group)
+    assert c.splits == H100_SXM.sm_count // lanes * lanes
+    SK.check_grid(p, c.config, 1, c.raster_group, c.splits)
+    assert "stream-K" in c.reason and "predicted" in c.reason
+    every = heuristics.stream_k_choices(p, H100_SXM)
+    assert len(every) == 6
+    fitting = [x for x in every if x.raster_group == tiles_m]
+    assert heuristics._choice_us(c, p, H100_SXM) == min(
+        heuristics._choice_us(x, p, H100_SXM) for x in fitting)
+
+
+def test_forced_stream_k_on_tiny_problems():
+    """One tile of one k-block: one lane of one CTA; at most a CTA a k-block everywhere."""
+    for m, n, k in [(1, 1, 1), (129, 64, 40), (300, 1, 5000), (3, 700, 64)]:
+        p = problem(m, n, k)
+        c = heuristics.choose(p, H100_SXM, "stream_k")
+        SK.check_grid(p, c.config, 1, c.raster_group, c.splits)
+    c = heuristics.choose(problem(1, 1, 1), H100_SXM, "stream_k")
+    assert c.splits == 1
+
+
+def test_model_terms():
+    """Whole tiles a CTA (a lane's tiles divide among its CTAs) cost no pieces; more CTAs than
+    a lane's tiles cut each tile into pieces that its owner adds one by one; a shared operand
+    that does not fit L2 is read once a lane."""
+    p = problem(1472, 896, 9472)
+    cfg = config(128, p)
+    whole = heuristics.stream_k_us(p, cfg, 1, 12 * 7, H100_SXM)   # 7 tiles, 7 CTAs a lane
+    kblock = (heuristics.UNSPLIT_KBLOCK_US * (1 + heuristics.UNSPLIT_LOAD * 84 / 132)
+              * heuristics.STREAM_K_KBLOCK_SCALE)
+    assert whole == pytest.approx((148 + 1) * kblock + heuristics.UNSPLIT_EPILOGUE_US)
+    cut = heuristics.stream_k_us(p, cfg, 1, 12 * 11, H100_SXM)
+    assert cut > (whole - heuristics.UNSPLIT_EPILOGUE_US) * 7 / 11
+    tall = problem(139, 20992, 22968)   # B of 964 MB, shared by 2 lanes of M-tiles
+    cfg = config(128, tall)
+    us = heuristics.stream_k_us(tall, cfg, 1, 132, H100_SXM)
+    b_twice = 2 * 20992 * 22968 * 2 / (heuristics.UNSPLIT_DRAM_TBPS * 1e6)
+    assert us >= b_twice
+
+
+def test_the_heuristic_never_takes_stream_k_unforced():
+    """Stream-K ran slower than the other choice on 8 of 10 problems its model picked (NOTES
+    v0.32): it is forced or autotuned only."""
+    rng = random.Random(7)
+    for _ in range(400):
+        m, n, k = (int(2 ** rng.uniform(4, 15)) for _ in range(3))
+        c = heuristics.choose(problem(m, n, k), H100_SXM)
+        assert c.schedule is not SK
+        assert c.tail is None or c.tail.choice.schedule is not SK
+
+
+def test_autotune_entries_of_stream_k():
+    """A recorded stream_k winner comes back with its CTAs; one whose CTAs do not divide into
+    its lanes is refused."""
+    p = problem(1472, 896, 9472)
+    ok = tuning.TunedEntry("stream_k", 128, 6, 12, 500.0, "2026-11-26", splits=126)
+    c = tuning.choice_from(ok, p, H100_SXM)
+    assert c.schedule is SK and c.splits == 126 and c.raster_group == 12
+    assert tuning.label(c) == "stream_k 128x128 s6 g12 ctas126"
+    bad = tuning.TunedEntry("stream_k", 128, 6, 12, 500.0, "2026-11-26", splits=130)
+    with pytest.raises(ValueError, match="multiple of the lanes"):
+        tuning.choice_from(bad, p, H100_SXM)
+
+
+def test_rendered_hand_off_order():
+    """A contributor's piece is stored, fenced and the barrier passed before the flag is
+    released; an owner reads a piece only after the flag's acquire and the barrier."""
+    cfg = SK.configs(H100_SXM.smem_per_block_optin)[0]
+    src = SK.render(cfg).source
+    publish = src[src.index("void publish("):src.index("void add(")]
+    order = [publish.index(x) for x in ("make_float4(", "__threadfence();",
+                                        "named_barrier_sync(", "st_release_gpu(")]
+    assert order == sorted(order)
+    add = src[src.index("void add("):src.index("stream_k_gemm(")]
+    order = [add.index(x) for x in ("ld_acquire_gpu(", "named_barrier_sync(",
+                                    "ld_global_cg_f32x4(")]
+    assert order == sorted(order)
+
+
+@pytest.mark.parametrize("m,n,k", [(31872, 14080, 64), (15168, 22784, 64), (1024, 24896, 40),
+                                   (13248, 1472, 64)])
+def test_store_bound_problems(m, n, k):
+    """K of one k-block and a result ten times the operands, over several waves: the persistent
+    kernel's 128 x 256 tile with each consumer's whole tile staged, in waves along rows of
+    tiles; no tail."""
+    c = heuristics.choose(problem(m, n, k), H100_SXM)
+    assert c.schedule is PersistentSchedule and c.tail is None
+    assert c.config.block_n == 256
+    assert c.config.c_buffers == PersistentSchedule.c_boxes(c.config)
+    assert c.raster_group == heuristics.STORE_BOUND_RASTER_GROUP
+    assert "the stores set the pace" in c.reason
+
+
+@pytest.mark.parametrize("m,n,k", [(9920, 19328, 128),   # two k-blocks
+                                   (10048, 7360, 320), (960, 21376, 640),
+                                   (600, 30000, 64),     # a result of 9 x the operands
+                                   (1000, 1000, 64),     # less than a wave
+                                   (27456, 6016, 64)])   # 256 pads N 2.1 % more than 128
+def test_not_store_bound(m, n, k):
+    """The tile-time model's choice elsewhere."""
+    c = heuristics.choose(problem(m, n, k), H100_SXM)
+    assert "the stores set the pace" not in c.reason
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("a_major,b_major", [("k", "n"), ("m", "n"), ("k", "k"), ("m", "k")])
+def test_store_bound_kernels_compile_without_spills(dtype, a_major, b_major):
+    """The store-bound configs (the whole tile staged: 128 x 256 on three stages, which the
+    kernel matrix's deepest configs do not include) compile for sm_90a without spills, within
+    the shared memory, and store through TMA."""
+    from hopmm import compile as compiler
+    from hopmm import sass
+
+    p = Problem(31872, 14080, 64, 1, dtype, a_major, b_major)
+    c = heuristics.choose(p, H100_SXM)
+    assert (c.config.block_n, c.config.stages, c.config.c_buffers) == (256, 3, 4)
+    kernel = compiler.compile_kernel(c.schedule.render(c.config))
+    r = kernel.report
+    assert r.spill_stores == r.spill_loads == r.stack_frame == 0, kernel.name
+    assert r.problems(c.schedule.smem_bytes(c.config), H100_SXM.smem_per_block_optin) == []
+    tool = sass.find_cuobjdump()
+    if tool is not None:
+        s = sass.summarize_listing(sass.cached_listing(kernel.cubin_path, tool))
+        assert s.counts["local_memory"] == 0 and s.counts["hgmma"] > 0
+        assert s.counts["tma_store"] > 0
