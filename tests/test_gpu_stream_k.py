@@ -17,7 +17,7 @@ LAYOUTS = {"NN": (False, False), "TN": (True, False), "NT": (False, True), "TT":
 def run_lanes(a, b, width, lanes_by, ctas_per_lane=None):
     """C = A @ B on stream_k's tile of `width` columns, lanes by "rows" or "columns" of
     tiles, `ctas_per_lane` CTAs a lane (default: as many as the SMs allow), into a
-    NaN-poisoned buffer with SPARE_ROWS rows below. Returns (C, the buffer, the choice)."""
+    NaN-poisoned buffer with SPARE_ROWS rows below. Returns (C, the buffer, the lanes)."""
     import cupy
 
     from hopmm import launch, layout, operands as operands_mod
