@@ -829,8 +829,9 @@ SINGLE_SET_OF_OVERLAP = {PersistentOverlapSchedule: PersistentSchedule,
 # that its store, not its loads, sets the pace.
 def _whole_row_staging(sched, cfg: KernelConfig, problem: Problem,
                        device: DeviceInfo) -> KernelConfig:
-    """`cfg` (a row-store config) with a consumer's whole row block staged at once, where
-    that costs no stage, or where the main loop is short and FAST_STAGES stages remain."""
+    """`cfg` with a consumer's whole row block staged at once (for the row store, and for
+    store-bound products), where that costs no stage, or where the main loop is short and
+    FAST_STAGES stages remain."""
     boxes = min(cfg.block_n // TMA_BOX_ELEMS, sched.c_boxes(cfg))
     if cfg.c_buffers >= boxes:
         return cfg
@@ -1045,12 +1046,11 @@ def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
 def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice:
     """The persistent kernel for a store-bound problem (_store_bound), as above; `why`: the
     reason of the choice it replaces."""
-    cfg = PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH, problem.trans_a,
-                                     problem.trans_b, device.smem_per_block_optin)
-    staged = replace(cfg, c_buffers=PersistentSchedule.c_boxes(cfg))
-    stages = PersistentSchedule.max_stages(staged, device.smem_per_block_optin)
-    if stages >= FAST_STAGES:   # (an H100 has 3 beside the whole tile)
-        cfg = replace(staged, stages=min(stages, cfg.stages))
+    cfg = _whole_row_staging(PersistentSchedule,
+                             PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH,
+                                                        problem.trans_a, problem.trans_b,
+                                                        device.smem_per_block_optin),
+                             problem, device)
     staging = ("the whole tile" if cfg.c_buffers == PersistentSchedule.c_boxes(cfg)
                else "a ring of boxes")
     why = (f"K of one k-block and a result of "
@@ -1269,6 +1269,13 @@ TAIL_LAUNCH_US = 2.0
 TAIL_MAIN_SCHEDULES = (PersistentSchedule, PersistentOverlapSchedule)
 
 
+def _unsplit_kblock_us(shape: tuple[int, int], speed: float) -> float:
+    """A k-block of a tile of `shape` running at `speed` (TILE_SPEED's scale) on the persistent
+    kernels with few SMs busy: UNSPLIT_KBLOCK_US scaled by the tile's area and speed."""
+    return (UNSPLIT_KBLOCK_US * TILE_SPEED[BLOCK_M, UNSPLIT_BLOCK_N] / speed
+            * shape[0] * shape[1] / (BLOCK_M * UNSPLIT_BLOCK_N))
+
+
 def _persistent_us(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfig) -> float:
     """The persistent kernels' time, wave by wave: each wave the longer of its tiles' main
     loop (the unsplit k-block of UNSPLIT_KBLOCK_US scaled by the tile's area and TILE_SPEED,
@@ -1279,8 +1286,7 @@ def _persistent_us(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfi
     units = _tile_groups(sched, problem, shape)
     overlapped = issubclass(sched, (PersistentOverlapSchedule, PersistentClusterOverlapSchedule))
     speed = _tile_speeds(sched, problem)[shape] * (OVERLAP_SPEED if overlapped else 1.0)
-    kblock_us = (UNSPLIT_KBLOCK_US * TILE_SPEED[BLOCK_M, UNSPLIT_BLOCK_N] / speed
-                 * shape[0] * shape[1] / (BLOCK_M * UNSPLIT_BLOCK_N))
+    kblock_us = _unsplit_kblock_us(shape, speed)
     blocks = _k_blocks(problem) + (0 if overlapped else EXPOSED_EPILOGUE_K_BLOCKS)
     dram_us = _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6)
 
@@ -1320,13 +1326,12 @@ def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
     k_blocks = _k_blocks(problem)
     share = -(-lane_tiles * k_blocks // per_lane)
     stored = -(-lane_tiles // per_lane)
-    kblock_us = (UNSPLIT_KBLOCK_US * TILE_SPEED[BLOCK_M, UNSPLIT_BLOCK_N] / TILE_SPEED[shape]
-                 * shape[0] * shape[1] / (BLOCK_M * UNSPLIT_BLOCK_N)
+    kblock_us = (_unsplit_kblock_us(shape, TILE_SPEED[shape])
                  * (1 + UNSPLIT_LOAD * ctas / device.sm_count))
     compute = (share + EXPOSED_EPILOGUE_K_BLOCKS * stored) * kblock_us * STREAM_K_KBLOCK_SCALE
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     l2 = tiles * k_blocks * StreamKSchedule.stage_load_bytes(cfg) / (STREAM_K_L2_TBPS * 1e6)
-    own = _lane_operand_bytes(problem, group, -(-problem.m // cfg.block_m))
+    own = _lane_operand_bytes(problem, cfg, group)
     shared = _operand_bytes(problem) - own
     reads = own + shared * (1 if shared <= STREAM_K_L2_BYTES else lanes)
     dram = ((reads + problem.m * problem.n * problem.batch * ELEM_BYTES)
@@ -1337,11 +1342,11 @@ def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
     return max(compute, l2, dram) + pieces * STREAM_K_PIECE_US + UNSPLIT_EPILOGUE_US
 
 
-def _lane_operand_bytes(problem: Problem, group: int, tiles_m: int) -> int:
+def _lane_operand_bytes(problem: Problem, cfg: KernelConfig, group: int) -> int:
     """Bytes of the operand a lane re-reads tile after tile: A where lanes are rows of tiles,
     B where they are columns."""
-    rows = problem.n if group >= tiles_m else problem.m
-    return rows * problem.k * problem.batch * ELEM_BYTES
+    columns = StreamKSchedule.lanes_are_columns(problem, cfg, group)
+    return (problem.n if columns else problem.m) * problem.k * problem.batch * ELEM_BYTES
 
 
 def stream_k_choices(problem: Problem, device: DeviceInfo) -> list[Choice]:
@@ -1355,21 +1360,20 @@ def stream_k_choices(problem: Problem, device: DeviceInfo) -> list[Choice]:
                                       device.smem_per_block_optin, shape[0])
         if cfg is None:
             continue
-        tiles_m = -(-problem.m // cfg.block_m)
-        for group in sorted({1, tiles_m}):
-            lanes = StreamKSchedule.lanes(problem, cfg, group)
-            units = (StreamKSchedule.lane_tiles(problem, cfg, group) * problem.batch
-                     * _k_blocks(problem))
-            per_lane = min(device.sm_count // lanes, units)
-            if per_lane < 1:
+        for group in sorted({1, StreamKSchedule.tiles(problem, cfg)[0]}):
+            ctas = StreamKSchedule.most_ctas(problem, cfg, problem.batch, group,
+                                             device.sm_count)
+            if not ctas:
                 continue
-            us = stream_k_us(problem, cfg, group, lanes * per_lane, device)
-            kind = "columns" if group >= tiles_m else "rows"
+            lanes = StreamKSchedule.lanes(problem, cfg, group)
+            us = stream_k_us(problem, cfg, group, ctas, device)
+            kind = ("columns" if StreamKSchedule.lanes_are_columns(problem, cfg, group)
+                    else "rows")
             why = (f"stream-K: {lanes} lanes ({kind} of {cfg.block_m}x{cfg.block_n} tiles) of "
-                   f"{per_lane} CTAs each, every CTA multiplying an equal share of its lane's "
-                   f"k-blocks; predicted {us:.1f} us; {cfg.stages} stages fit in "
+                   f"{ctas // lanes} CTAs each, every CTA multiplying an equal share of its "
+                   f"lane's k-blocks; predicted {us:.1f} us; {cfg.stages} stages fit in "
                    f"{device.smem_per_block_optin} B of shared memory")
-            out.append(Choice(StreamKSchedule, cfg, why, group, lanes * per_lane))
+            out.append(Choice(StreamKSchedule, cfg, why, group, ctas))
     return out
 
 
@@ -1377,8 +1381,7 @@ def _stream_k_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
     """Forced stream-K: the tile and lanes its model puts fastest, lanes whose own operand
     fits STREAM_K_L2_BYTES first; None where no tile fits."""
     def key(choice: Choice):
-        own = _lane_operand_bytes(problem, choice.raster_group,
-                                  -(-problem.m // choice.config.block_m))
+        own = _lane_operand_bytes(problem, choice.config, choice.raster_group)
         return (own > STREAM_K_L2_BYTES, _choice_us(choice, problem, device))
 
     return min(stream_k_choices(problem, device), key=key, default=None)

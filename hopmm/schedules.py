@@ -737,8 +737,8 @@ class StreamKSchedule(PersistentSchedule):
     tile cut apart adds the other pieces (fp32, through a workspace slot per CTA) in k order
     before its epilogue. A lane is a row of tiles (raster groups of one M-tile) or a column
     (groups of every M-tile); the lanes are cut alike, so the tiles at one position of every
-    lane share their common operand through L2 as one wave of whole tiles does. The grid's
-    CTA count is the choice's `splits`, a multiple of the lanes."""
+    lane run the same k-blocks at about the same time and read their common operand from DRAM
+    once. The grid's CTA count is the choice's `splits`, a multiple of the lanes."""
 
     name = "stream_k"
     skeleton = "kernel_stream_k.cuh"
@@ -755,12 +755,17 @@ class StreamKSchedule(PersistentSchedule):
         return (super().smem_note(cfg) + "; the pieces of tiles cut apart go through an fp32 "
                 "workspace slot per CTA, not shared memory")
 
-    @staticmethod
-    def lane_tiles(problem: Problem, cfg: KernelConfig, raster_group: int) -> int:
-        """Tiles of one lane in one batch slice: a column of tiles where the raster groups hold
-        every M-tile, else a row (kernel_stream_k.cuh)."""
-        tiles_m = -(-problem.m // cfg.block_m)
-        return tiles_m if raster_group >= tiles_m else -(-problem.n // cfg.block_n)
+    @classmethod
+    def lanes_are_columns(cls, problem: Problem, cfg: KernelConfig, raster_group: int) -> bool:
+        """Whether the lanes are columns of tiles (raster groups that hold every M-tile) rather
+        than rows (kernel_stream_k.cuh)."""
+        return raster_group >= cls.tiles(problem, cfg)[0]
+
+    @classmethod
+    def lane_tiles(cls, problem: Problem, cfg: KernelConfig, raster_group: int) -> int:
+        """Tiles of one lane in one batch slice."""
+        tiles_m, tiles_n = cls.tiles(problem, cfg)
+        return tiles_m if cls.lanes_are_columns(problem, cfg, raster_group) else tiles_n
 
     @classmethod
     def lanes(cls, problem: Problem, cfg: KernelConfig, raster_group: int) -> int:
@@ -768,13 +773,29 @@ class StreamKSchedule(PersistentSchedule):
         return tiles_m * tiles_n // cls.lane_tiles(problem, cfg, raster_group)
 
     @classmethod
+    def lane_k_blocks(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                      raster_group: int) -> int:
+        """k-blocks of one lane's stream: its tiles over the launch's batch slices."""
+        return (cls.lane_tiles(problem, cfg, raster_group) * batch_count
+                * cls.k_blocks(problem, cfg))
+
+    @classmethod
+    def most_ctas(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
+                  raster_group: int, sm_count: int) -> int:
+        """The most CTAs check_grid allows on `sm_count` SMs: as many a lane as there are SMs
+        for each (at most one a k-block); 0 where the lanes outnumber the SMs."""
+        lanes = cls.lanes(problem, cfg, raster_group)
+        per_lane = min(sm_count // lanes,
+                       cls.lane_k_blocks(problem, cfg, batch_count, raster_group))
+        return lanes * per_lane
+
+    @classmethod
     def check_grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
                    raster_group: int, ctas: int) -> None:
         """ValueError unless `ctas` is a whole number of CTAs for each lane, each with at
         least one k-block (so that every piece an owner waits for exists)."""
         lanes = cls.lanes(problem, cfg, raster_group)
-        units = (cls.lane_tiles(problem, cfg, raster_group) * batch_count
-                 * cls.k_blocks(problem, cfg))
+        units = cls.lane_k_blocks(problem, cfg, batch_count, raster_group)
         if ctas < lanes or ctas % lanes or ctas // lanes > units:
             raise ValueError(f"stream_k: {ctas} CTAs for {lanes} lanes of {units} k-blocks "
                              f"each; a multiple of the lanes, at most one CTA a k-block")

@@ -88,10 +88,7 @@ def run(a, b, schedule, tile, group=16, row_pitch=None):
         c3 = buf[:, :shapes.m, 1:shapes.n + 1]
     splits = 1
     if sched.name == "stream_k":   # as many CTAs a lane as the SMs allow
-        lanes = sched.lanes(p, cfg, group)
-        units = sched.lane_tiles(p, cfg, group) * p.batch * sched.k_blocks(p, cfg)
-        sm_count = query(cupy.cuda.Device().id).sm_count
-        splits = lanes * min(sm_count // lanes, units)
+        splits = sched.most_ctas(p, cfg, p.batch, group, query(cupy.cuda.Device().id).sm_count)
     choice = Choice(sched, cfg, "test", group, splits)
     launches = launch.build_launches(choice, p, call.a3, call.a_map, call.b3, call.b_map, c3)
     launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, c3.data.ptr)

@@ -33,9 +33,9 @@ def run_lanes(a, b, width, lanes_by, ctas_per_lane=None):
     tiles_m = -(-p.m // cfg.block_m)
     group = max(tiles_m, 2) if lanes_by == "columns" else 1
     lanes = SK.lanes(p, cfg, group)
-    units = SK.lane_tiles(p, cfg, group) * p.batch * SK.k_blocks(p, cfg)
-    per_lane = ctas_per_lane or min(dev.sm_count // lanes, units)
-    choice = Choice(SK, cfg, "test", group, lanes * per_lane)
+    ctas = (lanes * ctas_per_lane if ctas_per_lane
+            else SK.most_ctas(p, cfg, p.batch, group, dev.sm_count))
+    choice = Choice(SK, cfg, "test", group, ctas)
     padded = layout.padded(shapes.n, a.itemsize)
     buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, padded), cupy.nan, dtype=a.dtype)
     c3 = buf[:, :shapes.m, :shapes.n]

@@ -21,12 +21,18 @@ def config(width, p):
 
 def test_lanes_are_rows_or_columns_of_tiles():
     """Raster groups of one M-tile walk rows of tiles (a lane per M-tile), groups of every
-    M-tile walk columns (a lane per N-tile)."""
-    p = problem(1472, 896, 9472)   # 12 x 7 tiles of 128 x 128
+    M-tile walk columns (a lane per N-tile); as many CTAs a lane as the SMs allow."""
+    p = problem(1472, 896, 9472)   # 12 x 7 tiles of 128 x 128, 148 k-blocks
     cfg = config(128, p)
     assert (SK.lane_tiles(p, cfg, 1), SK.lanes(p, cfg, 1)) == (7, 12)
     assert (SK.lane_tiles(p, cfg, 12), SK.lanes(p, cfg, 12)) == (12, 7)
     assert SK.lanes(p, cfg, 16) == 7   # a group past every M-tile is all of them
+    assert not SK.lanes_are_columns(p, cfg, 1) and SK.lanes_are_columns(p, cfg, 16)
+    assert SK.most_ctas(p, cfg, 1, 1, 132) == 12 * 11
+    assert SK.most_ctas(p, cfg, 1, 12, 132) == 7 * 18
+    assert SK.most_ctas(p, cfg, 1, 1, 8) == 0          # more lanes than SMs
+    tiny = problem(129, 64, 64)                        # 2 tiles of one k-block each
+    assert SK.most_ctas(tiny, config(128, tiny), 1, 2, 132) == 2
 
 
 @pytest.mark.parametrize("ctas,ok", [(126, True), (7, True), (132, False), (6, False),
