@@ -182,6 +182,13 @@ TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
 # the only width that computes no column past N.
 TILE_SPEED[BLOCK_M, NARROW_BLOCK_N] = (TILE_SPEED[BLOCK_M, 128] * NARROW_BLOCK_N / 128
                                        / NARROW_KBLOCK_SCALE)
+# The 64-row tiles of the persistent kernels (one consumer warpgroup), fitted to their timings
+# against the 128-row tiles' on 15 problems of few tiles (bench/NOTES.md v0.33). Their speeds
+# there spread by about 5 %, so they are taken only where the tile-time model puts them
+# SHORT_TILE_MIN_GAIN ahead of the best 128-row tile (_fastest_tile): where half-area tiles
+# fill the SMs that 128-row tiles leave idle in their last (or only) wave.
+TILE_SPEED.update({(WGMMA_M, 128): 0.75, (WGMMA_M, 192): 0.93, (WGMMA_M, 256): 0.94})
+SHORT_TILE_MIN_GAIN = 1.05
 # The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
 # and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED:
 # fitted together to sustained runs at the power limit, the regime of long runs of large GEMMs
@@ -237,10 +244,22 @@ def _narrow(problem: Problem) -> bool:
     return problem.n <= NARROW_BLOCK_N
 
 
-def _offered_shapes(sched, problem: Problem) -> list[tuple[int, int]]:
+def _short_tiles_fit(problem: Problem) -> bool:
+    """Whether the 64-row tiles are offered: not where the main loop is short
+    (_long_main_loop), since one consumer warpgroup hides no tile's epilogue behind another's
+    main loop (4-12 k-blocks: 0.85-0.95 x the 128-row tiles); not to problems of at most 64
+    rows, whose 128-row tiles load only those rows (KernelConfig.a_rows) and stream B as fast
+    (0.93-1.18 x, geomean 1.01, on 37); not to narrow ones (_narrow), which the narrow tile
+    computes without columns past N (NOTES v0.33)."""
+    return _long_main_loop(problem) and problem.m > WGMMA_M and not _narrow(problem)
+
+
+def _offered_shapes(sched, problem: Problem, short: bool = True) -> list[tuple[int, int]]:
     """`sched`'s tile shapes for `problem`: the NARROW_BLOCK_N-wide tile only where the
-    problem is that narrow (_narrow)."""
-    return [t for t in sched.tile_shapes() if t[1] != NARROW_BLOCK_N or _narrow(problem)]
+    problem is that narrow (_narrow); the 64-row tiles where `short` and _short_tiles_fit."""
+    short = short and _short_tiles_fit(problem)
+    return [t for t in sched.tile_shapes() if (t[1] != NARROW_BLOCK_N or _narrow(problem))
+            and (t[0] != WGMMA_M or short)]
 
 
 def _split_width(problem: Problem) -> int:
@@ -516,7 +535,7 @@ def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
 
 
 def _split_k_choice(problem: Problem, device: DeviceInfo,
-                    forced: str | None) -> Choice | None:
+                    forced: str | None, short: bool = True) -> Choice | None:
     """Split-K where it pays: on the `forced` split-K schedule, or on whichever of them the
     model puts faster. None where no split pays (or the tile does not fit)."""
     picks = []
@@ -552,6 +571,9 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     if forced is None and splits == 1 and (cfg.block_m == BLOCK_M
                                            or problem.m <= SHORT_TILE_MAX_M):
         return None
+    if forced is None and short and splits > 1 and \
+            _short_tiles_beat_split(problem, device, estimate):
+        return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     k_blocks = sched.k_blocks(problem, cfg)
     if sched is SplitKParallelSchedule:
@@ -575,6 +597,20 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
     return Choice(sched, cfg, why, _raster_group(problem, cfg, device, splits), splits)
+
+
+def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: float) -> bool:
+    """Whether the persistent kernels would run `problem` unsplit on 64-row tiles
+    (_persistent_choice) and their wave model (_persistent_us) comes within SPLIT_K_MIN_GAIN
+    of the split's estimate `split_us`: the bar the 128-row tiles set a split (_best_split).
+    Where split_k_cluster's model put two splits ahead of the 128-row tiles, the 64-row tiles
+    unsplit ran 0.98-1.36 x those splits (NOTES v0.33)."""
+    if not _short_tiles_fit(problem) or _b_rows_unaligned(problem):
+        return False
+    rival = _persistent_choice(problem, device, None, epilogue_reads=False)
+    return (rival.config.block_m == WGMMA_M and rival.schedule in TAIL_MAIN_SCHEDULES
+            and _persistent_us(rival.schedule, problem, device, rival.config)
+            < split_us * SPLIT_K_MIN_GAIN)
 
 
 # Operands TMA cannot read in place (rows not a multiple of 16 bytes) are copied into aligned
@@ -930,9 +966,46 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     return choice
 
 
+def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,
+                     epilogue_reads: bool, short: bool = True) -> tuple:
+    """(schedule, config, why) of the tile `sched` (persistent unless `forced`) runs
+    `problem` on (_fastest_tile; the 64-row tiles only where `short`): unforced, the widths of
+    _overlap_widths on the overlap kernel where it keeps the same stages. A fused epilogue that
+    reads bias or c stays off kernels whose registers leave it one pair's operands at a time
+    (Schedule.epilogue_fetches_boxes: the 192-wide overlap tiles, the 192 x 192 cluster tile):
+    it waits on one load per pair there where the others wait once per box (NOTES v0.19)."""
+    overlap_widths = _overlap_widths(problem, device, epilogue_reads) if not forced else ()
+    picked = _fastest_tile(sched, problem, device, overlap_widths, short)
+    if picked is None:
+        raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
+                           f"per block is too little for any {BLOCK_M}-row tile")
+    cfg, why = picked
+    unsplit = (_unsplit_wave_us(problem, device) if _short_tile_shapes(problem, device)
+               else None)
+    if not forced and unsplit is not None:
+        why += (f"; unsplit ({unsplit:.1f} us by the model of one wave of unsplit tiles): "
+                f"split 64-row tiles would be slower")
+    if not forced and _long_main_loop(problem) and cfg.block_n in OVERLAP_WIDTHS and \
+            cfg.block_n not in overlap_widths:
+        why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
+                "one pair at a time there")
+    if cfg.block_n in overlap_widths:
+        overlap = PersistentOverlapSchedule.deepest(problem.dtype, cfg.block_n, problem.trans_a,
+                                                    problem.trans_b, device.smem_per_block_optin,
+                                                    cfg.block_m)
+        if epilogue_reads and overlap is not None and \
+                not PersistentOverlapSchedule.epilogue_fetches_boxes(overlap):
+            overlap = None   # as _overlap_widths, for this tile's rows
+        if overlap is not None and overlap.stages == cfg.stages:
+            why += ("; two accumulator sets per consumer, so each tile's epilogue overlaps the "
+                    "next tile's first k-block")
+            sched, cfg = PersistentOverlapSchedule, overlap
+    return sched, cfg, why
+
+
 def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
-                epilogue: bool, epilogue_reads: bool) -> Choice:
-    """choose, for the whole problem on one kernel."""
+                epilogue: bool, epilogue_reads: bool, short: bool = True) -> Choice:
+    """choose, for the whole problem on one kernel; the 64-row tiles only where `short`."""
     if schedule in DUAL_B_SCHEDULES:
         raise ValueError(f"schedule {schedule!r} computes hopmm.matmul_shared_a and "
                          f"hopmm.swiglu, not hopmm.matmul; force another schedule for matmul")
@@ -954,7 +1027,7 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
         return forced_choice
     split_k_names = [s.name for s in SPLIT_K_SCHEDULES]
     if schedule is None or schedule in split_k_names:
-        split = _split_k_choice(problem, device, forced=schedule)
+        split = _split_k_choice(problem, device, forced=schedule, short=short)
         if split is not None:
             return split
         if schedule is not None:
@@ -971,37 +1044,26 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
             group = _raster_group(problem, cfg, device, clustered=True)
             return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
                           group)
+    return _persistent_choice(problem, device, schedule, epilogue_reads, short)
+
+
+def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | None,
+                       epilogue_reads: bool, short: bool = True) -> Choice:
+    """_choose_one on the persistent kernels (`schedule`, where forced): the tile of the fewest
+    tile-times (the 64-row tiles only where `short`), on the overlap, cluster, tall or narrow
+    kernel where their rules take it."""
     # The persistent schedule ran at least as fast as one tile per CTA (bench/NOTES.md v0.3).
-    sched = SCHEDULES[schedule or PersistentSchedule.name]
-    # A fused epilogue that reads bias or c stays off kernels whose registers leave it one
-    # pair's operands at a time (Schedule.epilogue_fetches_boxes: the 192-wide overlap tile,
-    # the 192 x 192 cluster tile): it waits on one load per pair there where the others wait
-    # once per box (bench/NOTES.md v0.19).
-    long_k = _long_main_loop(problem)
-    overlap_widths = (_overlap_widths(problem, device, epilogue_reads) if schedule is None
-                      else ())
-    picked = _fastest_tile(sched, problem, device, overlap_widths)
-    if picked is None:
-        raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
-                           f"per block is too little for any {BLOCK_M}-row tile")
-    cfg, why = picked
-    unsplit = (_unsplit_wave_us(problem, device) if _short_tile_shapes(problem, device)
-               else None)
-    if schedule is None and unsplit is not None:
-        why += (f"; unsplit ({unsplit:.1f} us by the model of one wave of unsplit tiles): "
-                f"split 64-row tiles would be slower")
-    if schedule is None and long_k and cfg.block_n in OVERLAP_WIDTHS and \
-            cfg.block_n not in overlap_widths:
-        why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
-                "one pair at a time there")
-    if cfg.block_n in overlap_widths:
-        overlap = PersistentOverlapSchedule.deepest(problem.dtype, cfg.block_n, problem.trans_a,
-                                                    problem.trans_b, device.smem_per_block_optin)
-        if overlap is not None and overlap.stages == cfg.stages:
-            why += ("; two accumulator sets per consumer, so each tile's epilogue overlaps the "
-                    "next tile's first k-block")
-            sched, cfg = PersistentOverlapSchedule, overlap
-    if schedule is None:
+    base = SCHEDULES[schedule or PersistentSchedule.name]
+    forced = schedule is not None
+    sched, cfg, why = _persistent_tile(base, problem, device, forced, epilogue_reads, short)
+    if not forced and cfg.block_m == WGMMA_M:
+        # The narrow tile keeps the problems the wave model gives it over the 128-row tiles:
+        # there the 64-row tiles ran 0.87-0.92 x it (NOTES v0.33).
+        whole = _persistent_tile(base, problem, device, forced, epilogue_reads, short=False)
+        if _narrow_by_waves(problem, device, whole[0], whole[1]) is not None:
+            sched, cfg, why = whole
+    overlap_widths = _overlap_widths(problem, device, epilogue_reads) if not forced else ()
+    if not forced:
         tall = _tall_cluster(problem, device, (cfg.block_m, cfg.block_n), overlap_widths,
                              epilogue_reads)
         if tall is not None:
@@ -1136,7 +1198,8 @@ def _paired_tiles(problem: Problem, device: DeviceInfo, cfg: KernelConfig):
     sched, shape = PersistentClusterSchedule, (cfg.block_m, cfg.block_n)
     waves = _tiles(problem, *shape) / device.sm_count
     k_blocks = sched.k_blocks(problem, cfg)
-    if (cfg.block_n not in CLUSTER_WIDTHS or waves < CLUSTER_MIN_WAVES
+    if (shape not in sched.tile_shapes() or cfg.block_n not in CLUSTER_WIDTHS
+            or waves < CLUSTER_MIN_WAVES
             or k_blocks < CLUSTER_MIN_K_BLOCKS):
         return None
     paired = sched.deepest(problem.dtype, cfg.block_n, problem.trans_a, problem.trans_b,
@@ -1181,11 +1244,20 @@ def _wave_footprint(group: int, tiles_m: int, tiles_n: int, wave: int,
     return rows * tile[0] + cols * tile[1]
 
 
+def _short_one_round_group(problem: Problem, tiles_m: int) -> int:
+    """M-tiles per raster group of 64-row tiles whose grid runs in one round: launched side by
+    side, the CTAs that share a tile of the operand with the larger k-block slice (B where N
+    exceeds M: a group of every M-tile, walked column by column; else A: groups of one,
+    walked along rows). Against groups of 4: 1.00-1.43 x on seven problems where B's slice
+    was the larger, and 1.02 x for groups of one on one where A's was (NOTES v0.33)."""
+    return tiles_m if problem.n > problem.m else 1
+
+
 def _raster_group(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
                   splits: int = 1, clustered: bool = False) -> int:
     """M-tiles per raster group: NARROW_RASTER_GROUP for the narrow tile; else
     ONE_ROUND_RASTER_GROUP where every CTA of the grid (a tile's splits, the batch) is
-    resident at once; else, for kernels of clustered tiles,
+    resident at once (unsplit 64-row tiles: _short_one_round_group); else, for kernels of clustered tiles,
     RASTER_GROUP_M, and for the others the smallest of RASTER_GROUPS whose wave (the tiles of
     sm_count // splits CTAs) has the smallest footprint; all M-tiles where there are fewer."""
     tiles_m = -(-problem.m // cfg.block_m)
@@ -1193,6 +1265,8 @@ def _raster_group(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
     if cfg.block_n == NARROW_BLOCK_N:
         return NARROW_RASTER_GROUP
     if tiles_m * tiles_n * splits * problem.batch <= device.sm_count:
+        if cfg.block_m == WGMMA_M and splits == 1:
+            return _short_one_round_group(problem, tiles_m)
         return min(ONE_ROUND_RASTER_GROUP, tiles_m)
     if clustered:
         return min(RASTER_GROUP_M, tiles_m)
@@ -1218,13 +1292,15 @@ def _tile_speeds(sched, problem: Problem) -> dict:
             else TILE_SPEED)
 
 
-def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: tuple = ()):
+def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: tuple = (),
+                  short: bool = True):
     """(config, why) of the tile shape of `sched` with the fewest tile-times (_relative_time
-    under _tile_speeds; widths in `overlap_widths` will run on the overlap kernel), on an exact
-    tie the wider, then the shorter, among those with at least FAST_STAGES stages where any
-    has; None if no shape fits."""
+    under _tile_speeds; widths in `overlap_widths` will run on the overlap kernel; a 64-row
+    tile's count SHORT_TILE_MIN_GAIN times over), on an exact tie the wider, then the shorter,
+    among those with at least FAST_STAGES stages where any has; None if no shape fits.
+    `short`: whether the 64-row tiles are candidates (_offered_shapes)."""
     speeds = _tile_speeds(sched, problem)
-    shapes = sorted((t for t in _offered_shapes(sched, problem) if t in speeds),
+    shapes = sorted((t for t in _offered_shapes(sched, problem, short) if t in speeds),
                     key=lambda t: (-t[1], t[0]))
     configs = {t: sched.deepest(problem.dtype, t[1], problem.trans_a, problem.trans_b,
                                 device.smem_per_block_optin, t[0]) for t in shapes}
@@ -1233,7 +1309,8 @@ def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: t
         return None
     ranked = sorted(fits, key=lambda t: (configs[t].stages < FAST_STAGES,
                                          _relative_time(sched, problem, device, t, speeds,
-                                                        overlap_widths)))
+                                                        overlap_widths)
+                                         * (SHORT_TILE_MIN_GAIN if t[0] == WGMMA_M else 1.0)))
     cfg = configs[ranked[0]]
     why = "".join(f"a {m}x{n} tile leaves fewer than {MIN_STAGES} stages; "
                   for m, n in shapes if configs[m, n] is None)
@@ -1262,7 +1339,9 @@ def _with_memory_plan(why: str, cfg: KernelConfig, device: DeviceInfo, group: in
 # run instead as a problem of their own after whole waves (the last rows of A and C, or the
 # last columns of B and C), which the split-K schedules spread over every SM. Taken where the
 # wave model of the main part (_persistent_us), a second launch and the tail's own estimate
-# beat the wave model of the whole by TAIL_MIN_GAIN (bench/NOTES.md v0.30).
+# beat the wave model of the whole by TAIL_MIN_GAIN (bench/NOTES.md v0.30). Both parts keep to
+# the 128-row tiles (and the tail to its splits): where a part moved to 64-row tiles, the call
+# ran 0.88-0.98 x (11 problems, NOTES v0.33).
 TAIL_MIN_GAIN = 1.05
 TAIL_LAUNCH_US = 2.0
 # The schedules whose waves the model times, as the whole problem's choice and as the main part.
@@ -1401,12 +1480,12 @@ def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | 
 
 
 def _main_configs(problem: Problem, device: DeviceInfo, epilogue_reads: bool) -> list:
-    """(schedule, config) of each tile shape the main part of a split problem may run on: the
-    persistent kernel's deepest config of each shape with FAST_STAGES, on the overlap kernel
-    at its widths (_overlap_widths, as _choose_one takes them)."""
+    """(schedule, config) of each 128-row tile shape the main part of a split problem may run
+    on: the persistent kernel's deepest config of each shape with FAST_STAGES, on the overlap
+    kernel at its widths (_overlap_widths, as _choose_one takes them)."""
     overlap_widths = _overlap_widths(problem, device, epilogue_reads)
     out = []
-    for block_m, block_n in _offered_shapes(PersistentSchedule, problem):
+    for block_m, block_n in _offered_shapes(PersistentSchedule, problem, short=False):
         if (block_m, block_n) not in TILE_SPEED:
             continue
         sched = PersistentOverlapSchedule if block_n in overlap_widths else PersistentSchedule
@@ -1454,7 +1533,7 @@ def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo,
             if start is None:
                 continue
             main_p, tail_p = tail_problems(problem, axis, start)
-            tail = _choose_one(tail_p, device, None, epilogue, epilogue_reads)
+            tail = _choose_one(tail_p, device, None, epilogue, epilogue_reads, short=False)
             tail_us = _choice_us(tail, tail_p, device)
             if tail_us is None:
                 continue

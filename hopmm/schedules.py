@@ -140,6 +140,8 @@ class WarpSpecializedSchedule:
     block_ns = (128, 192, 256)
     # Widths this schedule also offers as TALL_BLOCK_M-row tiles (three consumer warpgroups).
     tall_block_ns: tuple = ()
+    # Widths this schedule also offers as WGMMA_M-row tiles (one consumer warpgroup).
+    short_block_ns: tuple = ()
     # CTAs per thread-block cluster (1: no cluster).
     cluster_size = 1
     # The most operand stages worth having (None: as many as fit).
@@ -220,7 +222,8 @@ class WarpSpecializedSchedule:
     def tile_shapes(cls) -> list[tuple[int, int]]:
         """(block_m, block_n) of every output tile this schedule computes."""
         return ([(BLOCK_M, n) for n in cls.block_ns]
-                + [(TALL_BLOCK_M, n) for n in cls.tall_block_ns])
+                + [(TALL_BLOCK_M, n) for n in cls.tall_block_ns]
+                + [(WGMMA_M, n) for n in cls.short_block_ns])
 
     @classmethod
     def check(cls, cfg: KernelConfig) -> None:
@@ -402,6 +405,9 @@ class PersistentSchedule(WarpSpecializedSchedule):
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::persistent_gemm")
     overlap_store = True
     block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
+    # 64-row tiles: where the 128-row tiles leave SMs idle in their last (or only) wave, twice
+    # as many tiles of half the area can fill more of them (heuristics.SHORT_TILE_MIN_GAIN).
+    short_block_ns = WarpSpecializedSchedule.block_ns
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
@@ -431,6 +437,7 @@ class PersistentClusterSchedule(PersistentSchedule):
     # whole cache lines (bench/NOTES.md v0.10: 3000³ bf16 0.98-1.01 x cuBLAS against 0.88-0.97
     # on 128 x 192 tiles, H100).
     tall_block_ns = (192,)
+    short_block_ns = ()   # a cluster's pair covers 128-row tiles
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_cluster_gemm",
                  PRODUCER="hopmm::MulticastTmaProducer",
                  KERNEL_ATTRIBUTES=f"__cluster_dims__({CLUSTER_PAIR}, 1, 1) ")
@@ -490,6 +497,7 @@ class PersistentOverlapSchedule(PersistentSchedule):
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_overlap_gemm")
     accumulator_sets = 2
     block_ns = (128, 192)
+    short_block_ns = block_ns   # one consumer of 64 rows: two 64 x 256 sets do not fit either
 
 
 class PersistentClusterOverlapSchedule(PersistentClusterSchedule):
@@ -519,6 +527,7 @@ class PingPongSchedule(PersistentSchedule):
     # A whole tile's fp32 accumulators in one warpgroup: 128 registers per thread at 128 x 128;
     # 128 x 256 would need 256, more than setmaxnreg gives a consumer (232).
     block_ns = (128,)
+    short_block_ns = ()
     # 6 stages (which fit beside a ring of 2 staging boxes) ran 7-10 % slower than 5 on 8192³,
     # 4096³ and 8192 x 8192 x 1024 (H100, bench/NOTES.md v0.6).
     stage_cap = 5
@@ -744,6 +753,7 @@ class StreamKSchedule(PersistentSchedule):
     skeleton = "kernel_stream_k.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::stream_k_gemm")
     block_ns = WarpSpecializedSchedule.block_ns
+    short_block_ns = ()
     workspace = True
     workspace_map = False
     extra_params = "\n               float* workspace, unsigned* flags,"
@@ -847,6 +857,7 @@ class SharedASchedule(PersistentSchedule):
     accumulator_sets = 2
     # Two 64 x 192 sets (192 registers) leave a consumer too few for its epilogue.
     block_ns = (128,)
+    short_block_ns = ()
     # Outputs: C0 and C1 (kDualStorePair), or one (kDualStoreSwiglu).
     outputs = 2
     dual_store = 0

@@ -17,7 +17,8 @@ import pytest
 import hopmm
 from hopmm import (api, device, epilogue, fastpath, heuristics, launch, layout, row_copy,
                    shared_a, workspace)
-from hopmm.schedules import BLOCK_M, CLUSTER_REDUCE_GROUP_ROWS, TMA_BOX_ELEMS
+from hopmm.schedules import (BLOCK_M, CLUSTER_REDUCE_GROUP_ROWS, TMA_BOX_ELEMS, WARPGROUP_THREADS,
+                             WGMMA_M)
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 
@@ -248,7 +249,8 @@ class SimulatedLaunch:
         a_k_major, b_n_major = self.a_k_major, self.b_n_major
         assert a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (64-wide ones where M-major)
         n, m = c_dims[0], c_dims[1]
-        assert self.tiles_m == -(-m // BLOCK_M) and self.k == (a_dims[0] if a_k_major else a_dims[1])
+        block_m = WGMMA_M * (self.block_x // WARPGROUP_THREADS - 1)   # a producer, then consumers
+        assert self.tiles_m == -(-m // block_m) and self.k == (a_dims[0] if a_k_major else a_dims[1])
         assert (self.m, self.n) == (m, n)   # the extent whose edge the producer's loads stop at
         for z in range(self.z0, self.z0 + self.count):
             za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod

@@ -28,7 +28,7 @@ def choose(m, n, k, batch=1, a_major="k", b_major="n", device=H100_SXM, epilogue
 @pytest.mark.parametrize("m,n,k,axis,start", [
     (17344, 128, 6848, "m", 16896),    # 136 tiles of 128 x 128: 132 in a wave, 4 left
     (17196, 128, 4096, "m", 16896),
-    (200, 17596, 4096, "n", 16896),    # 2 x 138 tiles: 66 columns of tiles fill a wave
+    (462, 20000, 4096, "n", 16896),    # 4 x 79 tiles of 128 x 256: 66 columns fill two waves
     (5120, 5120, 5120, "m", 4992),     # 800 tiles of 128 x 256: 780 in whole waves
 ])
 def test_tiles_past_whole_waves_run_as_a_tail(m, n, k, axis, start):
@@ -131,7 +131,7 @@ def four_sms(simulated_gpu, monkeypatch):
 TAIL_CASES = {   # (m, k, n, A transposed, B transposed, axis of the tail)
     "rows": (600, 4096, 128, False, False, "m"),
     "rows_a_transposed": (600, 4096, 128, True, False, "m"),
-    "rows_b_transposed": (700, 4096, 128, False, True, "m"),
+    "rows_b_transposed": (600, 4096, 128, False, True, "m"),
     "rows_wide_tiles": (600, 4096, 256, False, False, "m"),
     "columns": (200, 4096, 640, False, False, "n"),
     "columns_b_transposed": (200, 4096, 640, False, True, "n"),
@@ -179,7 +179,7 @@ def test_simulated_tail_with_a_fused_epilogue(four_sms, case, bias_form):
     assert fastpath._recipes, "the fused call with a tail was remembered"
 
 
-@pytest.mark.parametrize("m,k,n,axis", [(300, 4096, 128, "m"), (300, 4096, 640, "n"),
+@pytest.mark.parametrize("m,k,n,axis", [(800, 4096, 128, "m"), (600, 4096, 640, "n"),
                                         (600, 16384, 128, "m")])
 def test_simulated_batched_tail(four_sms, m, k, n, axis):
     a, b = rand((2, m, k)), rand((2, k, n))

@@ -1,0 +1,159 @@
+"""CPU: the persistent kernels' 64-row tiles (one consumer warpgroup): which schedules offer
+them, where the heuristic takes them (heuristics.SHORT_TILE_MIN_GAIN, _short_tiles_fit), the
+raster groups of their one-round grids, the splits they replace, and where they are kept out
+(short main loops, problems of at most 64 rows, narrow products, wave tails, cluster pairs).
+Each rule's measurements: bench/NOTES.md v0.33."""
+from dataclasses import replace
+
+import pytest
+
+from hopmm import heuristics
+from hopmm.device import H100_SXM
+from hopmm.problem import Problem
+from hopmm.schedules import (SCHEDULES, WGMMA_M, PersistentOverlapSchedule, PersistentSchedule,
+                             SplitKClusterSchedule, SplitKParallelSchedule)
+
+# An H100 as the device reports it: split_k_cluster needs its cluster capacity.
+H100 = replace(H100_SXM, cluster_capacity=(132, 66, 39, 30, 22, 17, 15, 15))
+
+
+def choose(m, n, k, batch=1, dtype="bfloat16", device=H100, schedule=None, epilogue=False):
+    heuristics.choose.cache_clear()
+    return heuristics.choose(Problem(m, n, k, batch, dtype), device, schedule, epilogue,
+                             epilogue)
+
+
+def test_only_the_persistent_and_overlap_kernels_offer_64_row_tiles():
+    offered = {name: [t for t in s.tile_shapes() if t[0] == WGMMA_M]
+               for name, s in SCHEDULES.items() if not s.split_k}
+    assert offered.pop("persistent") == [(64, 128), (64, 192), (64, 256)]
+    # two 64 x 256 accumulator sets would take all 256 registers of a consumer
+    assert offered.pop("persistent_overlap") == [(64, 128), (64, 192)]
+    assert not any(offered.values()), offered
+
+
+@pytest.mark.parametrize("sched", [PersistentSchedule, PersistentOverlapSchedule])
+def test_64_row_configs_have_one_consumer_and_fit(sched):
+    for block_m, block_n in sched.tile_shapes():
+        if block_m != WGMMA_M:
+            continue
+        cfg = sched.deepest("float16", block_n, False, True, H100_SXM.smem_per_block_optin,
+                            block_m)
+        assert cfg.consumers == 1 and sched.threads(cfg) == 256
+        assert cfg.stages >= heuristics.FAST_STAGES
+        assert sched.smem_bytes(cfg) <= H100_SXM.smem_per_block_optin
+        sched.check(cfg)
+
+
+@pytest.mark.parametrize("m,n,k,sched,tile", [
+    (1472, 896, 9472, PersistentOverlapSchedule, (64, 192)),   # 84 -> 115 tiles
+    (3968, 320, 22656, PersistentOverlapSchedule, (64, 192)),  # 93 -> 124
+    (640, 2304, 10944, PersistentOverlapSchedule, (64, 192)),  # 90 -> 120
+    (1024, 1024, 1024, PersistentSchedule, (64, 128)),         # 64 -> 128
+    (320, 5696, 6400, PersistentSchedule, (64, 256)),          # 90 of 128 x 192 -> 115
+])
+def test_64_row_tiles_fill_the_sms_128_row_tiles_leave_idle(m, n, k, sched, tile):
+    c = choose(m, n, k)
+    assert c.schedule is sched and (c.config.block_m, c.config.block_n) == tile
+    assert c.tail is None and c.splits == 1
+    tiles = heuristics._tiles(Problem(m, n, k, 1, "bfloat16"), *tile)
+    assert tiles <= H100.sm_count and f"{tiles} tiles of {tile[0]}x{tile[1]}" in c.reason
+
+
+def test_the_margin_decides():
+    """1472 x 896 x 9472: 115 tiles of 64 x 192 against 84 of 128 x 128, both one wave:
+    12288 / (0.93 x 0.95) against 16384 x 149 / 148 / 0.90, 1.31 x fewer tile-times."""
+    assert choose(1472, 896, 9472).config.block_m == WGMMA_M
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "SHORT_TILE_MIN_GAIN", 1.35)
+        assert choose(1472, 896, 9472).config.block_m == 128
+    heuristics.choose.cache_clear()
+
+
+@pytest.mark.parametrize("m,n,k,why", [
+    (6528, 1728, 192, "short main loop"),
+    (1600, 6784, 768, "short main loop"),
+    (64, 5632, 4480, "at most 64 rows"),
+    (48, 8192, 8192, "at most 64 rows"),
+    (5120, 64, 6272, "narrow"),
+    (6001, 17, 3000, "narrow"),
+])
+def test_64_row_tiles_kept_out(m, n, k, why):
+    p = Problem(m, n, k, 1, "bfloat16")
+    assert not heuristics._short_tiles_fit(p), why
+    assert all(t[0] != WGMMA_M for t in heuristics._offered_shapes(PersistentSchedule, p))
+    assert choose(m, n, k).config.block_m != WGMMA_M or m <= WGMMA_M
+
+
+@pytest.mark.parametrize("m,n,k", [(4928, 192, 7040), (4800, 192, 4928), (4352, 192, 1856)])
+def test_the_narrow_tile_keeps_its_problems(m, n, k):
+    """Where the wave model takes the narrow tile over the 128-row tiles, it keeps the problem
+    (the 64 x 192 tile ran 0.87-0.92 x it)."""
+    c = choose(m, n, k)
+    assert (c.config.block_m, c.config.block_n) == (128, 64), c.reason
+
+
+@pytest.mark.parametrize("m,n,k,group", [
+    (320, 5696, 6400, 5),     # B's k-block slice the larger: every M-tile, column by column
+    (640, 2304, 10944, 10),
+    (1536, 960, 8128, 1),     # A's the larger: along rows
+    (3968, 320, 22656, 1),
+])
+def test_one_round_groups_of_64_row_tiles_share_the_larger_operand(m, n, k, group):
+    c = choose(m, n, k)
+    assert c.config.block_m == WGMMA_M and c.raster_group == group
+
+
+def test_several_waves_of_64_row_tiles_take_groups_by_footprint():
+    c = choose(704, 17984, 15360)   # 11 x 71 tiles of 64 x 256: 5.9 waves
+    assert (c.config.block_m, c.config.block_n) == (64, 256)
+    p = Problem(704, 17984, 15360, 1, "bfloat16")
+    assert c.raster_group == heuristics._raster_group(p, c.config, H100)
+    assert c.raster_group in [min(g, 11) for g in heuristics.RASTER_GROUPS]
+
+
+def test_64_row_tiles_are_never_paired_into_clusters():
+    """6 waves of 240 k-blocks would pair 128 x 256 tiles (CLUSTER_MIN_WAVES); the cluster
+    kernel has no 64-row tiles, so the 64 x 256 tile stays on the persistent kernel."""
+    c = choose(704, 17984, 15360)
+    assert c.schedule is PersistentSchedule and c.config.block_m == WGMMA_M
+    assert (c.config.block_m, c.config.block_n) in c.schedule.tile_shapes()
+
+
+@pytest.mark.parametrize("m,n,k,split", [
+    (2176, 320, 1472, SplitKClusterSchedule), (704, 1088, 1536, SplitKClusterSchedule),
+    (2048, 448, 2176, SplitKClusterSchedule), (1024, 1024, 2048, SplitKClusterSchedule),
+    (1024, 1024, 4096, SplitKClusterSchedule), (640, 1024, 3072, SplitKClusterSchedule),
+    (2048, 512, 2048, SplitKClusterSchedule), (192, 4288, 21696, SplitKParallelSchedule)])
+def test_64_row_tiles_replace_splits_they_beat(m, n, k, split):
+    """The split models put a split SPLIT_K_MIN_GAIN ahead of the 128-row tiles; the 64 x 128
+    tiles' wave model is within that of the split: unsplit. They ran 1.03-1.40 x the split on
+    these (and 0.97-1.48 x, geomean 1.19, on 25 problems of the tuning seeds)."""
+    c = choose(m, n, k)
+    assert c.schedule is PersistentSchedule and c.splits == 1
+    assert (c.config.block_m, c.config.block_n) == (64, 128)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "_short_tiles_beat_split", lambda *args: False)
+        assert choose(m, n, k).schedule is split
+    forced = choose(m, n, k, schedule=split.name)
+    assert forced.schedule is split   # a forced schedule is never replaced
+
+
+@pytest.mark.parametrize("m,n,k", [(17344, 128, 6848), (5120, 5120, 5120), (462, 20000, 4096),
+                                   (1856, 2688, 22016), (4672, 2048, 26240)])
+def test_wave_tails_keep_128_row_tiles(m, n, k):
+    c = choose(m, n, k)
+    assert c.tail is not None
+    assert c.config.block_m != WGMMA_M
+    assert c.tail.choice.config.block_m != WGMMA_M or c.tail.choice.schedule.split_k
+
+
+def test_a_fused_epilogue_that_reads_bias_stays_off_the_overlap_64_row_tile():
+    """The overlap kernel's two 64 x 192 sets leave a lone consumer 64 registers: it would
+    fetch bias and c one pair at a time, so the single-set kernel takes the tile."""
+    plain = choose(1472, 896, 9472)
+    fused = choose(1472, 896, 9472, epilogue=True)
+    assert plain.schedule is PersistentOverlapSchedule
+    assert fused.schedule is PersistentSchedule
+    assert (fused.config.block_m, fused.config.block_n) == (64, 192)
+    assert not PersistentOverlapSchedule.epilogue_fetches_boxes(plain.config)
