@@ -284,7 +284,9 @@ def test_forced_split_k_through_matmul_and_explain():
     assert semaphores_zero()
 
 
-@pytest.mark.parametrize("m,n,k", [(512, 512, 16384), (128, 4096, 16384), (256, 256, 65536)])
+# (128 x 4096 x 16384, split before, runs unsplit on the persistent kernel's 64-row tiles,
+# level with the split: test_short_tile_cpu.py.)
+@pytest.mark.parametrize("m,n,k", [(512, 512, 16384), (256, 256, 65536)])
 def test_heuristic_picks_split_k_and_is_right(m, n, k):
     import hopmm
 

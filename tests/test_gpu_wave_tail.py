@@ -13,15 +13,15 @@ pytestmark = [requires_hopper, pytest.mark.usefixtures("heuristic_choice")]
 
 
 # (m, n, k, A transposed, B transposed, the tail's part): 136 tiles of 128 rows, a tail of
-# 300 rows on a split-K schedule; 2 x 138 tiles, a tail of 704 columns; tails on a persistent
+# 300 rows on a split-K schedule; 3 x 92 tiles of 128 x 192, a tail of 704 columns; tails on a persistent
 # kernel, on aligned rows and on rows of 2,686 bytes (both parts store rows themselves).
 CASES = {
     "rows": (17196, 64, 4096, False, False, "rows"),
     "rows_a_transposed": (17196, 64, 4096, True, False, "rows"),
     "rows_b_transposed": (17196, 64, 4096, False, True, "rows"),
     "rows_wider": (17196, 256, 4096, False, False, "rows"),
-    "columns": (200, 17600, 4096, False, False, "columns"),
-    "columns_b_transposed": (200, 17600, 4096, False, True, "columns"),
+    "columns": (384, 17600, 4096, False, False, "columns"),
+    "columns_b_transposed": (384, 17600, 4096, False, True, "columns"),
     "persistent_tail": (3648, 2880, 5888, False, False, "columns"),
     "persistent_tail_odd_rows": (5440, 1343, 4096, False, False, "columns"),
 }
@@ -75,8 +75,8 @@ def test_results_stored_by_rows_run_on_one_kernel(case):
 
 
 @pytest.mark.parametrize("bias_form", ["columns", "rows"])
-@pytest.mark.parametrize("m,n,k,part", [(17196, 64, 4096, "rows"), (200, 17600, 4096, "columns"),
-                                        (3648, 2880, 5888, "rows")])
+@pytest.mark.parametrize("m,n,k,part", [(17196, 64, 4096, "rows"), (384, 17600, 4096, "columns"),
+                                        (4800, 2048, 4096, "rows")])
 def test_fused_epilogue_on_both_parts(m, n, k, part, bias_form):
     """bias ((N,) or (M, 1)), c, alpha, beta and gelu on the main part and the tail, against
     the fp32 computation; the result written into c itself (out=c)."""
