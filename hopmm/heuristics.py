@@ -183,7 +183,7 @@ TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
 TILE_SPEED[BLOCK_M, NARROW_BLOCK_N] = (TILE_SPEED[BLOCK_M, 128] * NARROW_BLOCK_N / 128
                                        / NARROW_KBLOCK_SCALE)
 # The 64-row tiles of the persistent kernels (one consumer warpgroup), fitted to their timings
-# against the 128-row tiles' on 15 problems of few tiles (bench/NOTES.md v0.33). Their speeds
+# against the 128-row tiles' on 17 problems of few tiles (bench/NOTES.md v0.33). Their speeds
 # there spread by about 5 %, so they are taken only where the tile-time model puts them
 # SHORT_TILE_MIN_GAIN ahead of the best 128-row tile (_fastest_tile): where half-area tiles
 # fill the SMs that 128-row tiles leave idle in their last (or only) wave.
@@ -603,8 +603,8 @@ def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: floa
     """Whether the persistent kernels would run `problem` unsplit on 64-row tiles
     (_persistent_choice) and their wave model (_persistent_us) comes within SPLIT_K_MIN_GAIN
     of the split's estimate `split_us`: the bar the 128-row tiles set a split (_best_split).
-    Where split_k_cluster's model put two splits ahead of the 128-row tiles, the 64-row tiles
-    unsplit ran 0.98-1.36 x those splits (NOTES v0.33)."""
+    On 25 problems whose split this replaced, the 64-row tiles unsplit ran 0.97-1.48 x the
+    split, geomean 1.19 (NOTES v0.33)."""
     if not _short_tiles_fit(problem) or _b_rows_unaligned(problem):
         return False
     rival = _persistent_choice(problem, device, None, epilogue_reads=False)
@@ -1257,8 +1257,8 @@ def _raster_group(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
                   splits: int = 1, clustered: bool = False) -> int:
     """M-tiles per raster group: NARROW_RASTER_GROUP for the narrow tile; else
     ONE_ROUND_RASTER_GROUP where every CTA of the grid (a tile's splits, the batch) is
-    resident at once (unsplit 64-row tiles: _short_one_round_group); else, for kernels of clustered tiles,
-    RASTER_GROUP_M, and for the others the smallest of RASTER_GROUPS whose wave (the tiles of
+    resident at once (unsplit 64-row tiles: _short_one_round_group); else, for kernels of
+    clustered tiles, RASTER_GROUP_M, and for the others the smallest of RASTER_GROUPS whose wave (the tiles of
     sm_count // splits CTAs) has the smallest footprint; all M-tiles where there are fewer."""
     tiles_m = -(-problem.m // cfg.block_m)
     tiles_n = -(-problem.n // cfg.block_n)

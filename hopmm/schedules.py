@@ -275,6 +275,8 @@ class WarpSpecializedSchedule:
     @classmethod
     def consumer_roles(cls, cfg: KernelConfig) -> str:
         """How the consumer warpgroups divide the work (hopmm.explain shows it)."""
+        if cfg.consumers == 1:
+            return f"1 warpgroup computes each {cfg.block_m}x{cfg.block_n} tile"
         return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile, "
                 f"{cls.consumer_rows(cfg)} rows each")
 
@@ -497,7 +499,7 @@ class PersistentOverlapSchedule(PersistentSchedule):
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_overlap_gemm")
     accumulator_sets = 2
     block_ns = (128, 192)
-    short_block_ns = block_ns   # one consumer of 64 rows: two 64 x 256 sets do not fit either
+    short_block_ns = block_ns   # two 64 x 256 sets would take all of a lone consumer's 256
 
 
 class PersistentClusterOverlapSchedule(PersistentClusterSchedule):

@@ -250,7 +250,8 @@ class SimulatedLaunch:
         assert a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (64-wide ones where M-major)
         n, m = c_dims[0], c_dims[1]
         block_m = WGMMA_M * (self.block_x // WARPGROUP_THREADS - 1)   # a producer, then consumers
-        assert self.tiles_m == -(-m // block_m) and self.k == (a_dims[0] if a_k_major else a_dims[1])
+        assert self.tiles_m == -(-m // block_m)
+        assert self.k == (a_dims[0] if a_k_major else a_dims[1])
         assert (self.m, self.n) == (m, n)   # the extent whose edge the producer's loads stop at
         for z in range(self.z0, self.z0 + self.count):
             za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod

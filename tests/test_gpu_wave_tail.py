@@ -13,8 +13,9 @@ pytestmark = [requires_hopper, pytest.mark.usefixtures("heuristic_choice")]
 
 
 # (m, n, k, A transposed, B transposed, the tail's part): 136 tiles of 128 rows, a tail of
-# 300 rows on a split-K schedule; 3 x 92 tiles of 128 x 192, a tail of 704 columns; tails on a persistent
-# kernel, on aligned rows and on rows of 2,686 bytes (both parts store rows themselves).
+# 300 rows on a split-K schedule; 3 x 92 tiles of 128 x 192, a tail of 704 columns; tails on a
+# persistent kernel, on aligned rows and on rows of 2,686 bytes (both parts store rows
+# themselves).
 CASES = {
     "rows": (17196, 64, 4096, False, False, "rows"),
     "rows_a_transposed": (17196, 64, 4096, True, False, "rows"),
