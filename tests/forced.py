@@ -141,6 +141,30 @@ def check(a, b, schedule, tile, dtype, group=16):
     return c3
 
 
+def check_call(m, n, k, dtype, ta, tb, *expected) -> None:
+    """hopmm.matmul (the heuristic's choice) of fresh m x k and k x n operands (A, B transposed
+    views where ta, tb) into a C-contiguous out with a spare row of NaN after it: explain's text
+    holds each of `expected`, the result is within TOL of the fp32 reference, the spare row
+    stays NaN, a repeat is bitwise the same, and new operands through the remembered launches
+    are right too."""
+    import cupy
+
+    import hopmm
+
+    a, b = operands(m, n, k, dtype, ta, tb)
+    buf = cupy.full((m + 1) * n, cupy.nan, dtype=dtype)
+    out = buf[:m * n].reshape(m, n)
+    text = hopmm.explain(a, b, out)
+    assert all(e in text for e in expected), text
+    assert hopmm.matmul(a, b, out=out) is out
+    check_close(out, reference(a, b), dtype)
+    assert bool(cupy.isnan(buf[m * n:].astype(cupy.float32)).all())
+    again = hopmm.matmul(a, b)
+    assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))
+    a2, b2 = operands(m, n, k, dtype, ta, tb)
+    check_close(hopmm.matmul(a2, b2), reference(a2, b2), dtype)
+
+
 def check_fused_into_c(a, b, bias_form, dtype="bfloat16") -> str:
     """hopmm.matmul(a, b, c) with bias ((N,) for bias_form "columns", (M, 1) for "rows"), c,
     alpha 0.5, beta 2 and gelu, the result written into c itself (out=c), against the fp32

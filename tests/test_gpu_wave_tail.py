@@ -7,7 +7,7 @@ unaligned rows falls back to one kernel. Skips without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
-from forced import check_close, check_fused_into_c, operands, reference
+from forced import check_call, check_close, check_fused_into_c, operands, reference
 
 pytestmark = [requires_hopper, pytest.mark.usefixtures("heuristic_choice")]
 
@@ -31,27 +31,10 @@ CASES = {
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES, ids=list(CASES))
 def test_tail_matches_cupy(case, dtype):
-    import cupy
-
-    import hopmm
-
+    """Both parts into one out (a spare NaN row after it), bitwise repeatable (no atomics in
+    either kernel's reduction), new operands through the remembered launches."""
     m, n, k, ta, tb, part = CASES[case]
-    a, b = operands(m, n, k, dtype, ta, tb)
-    # out: C-contiguous (TMA stores), a spare row of NaN after it that must stay NaN
-    buf = cupy.full((m + 1) * n, cupy.nan, dtype=dtype)
-    out = buf[:m * n].reshape(m, n)
-    text = hopmm.explain(a, b, out)
-    assert f"\ntail: {part} " in text, text
-    got = hopmm.matmul(a, b, out=out)
-    assert got is out
-    check_close(out, reference(a, b), dtype)
-    assert bool(cupy.isnan(buf[m * n:].astype(cupy.float32)).all())
-    # repeated: the same bits (no atomics in either kernel's reduction)
-    again = hopmm.matmul(a, b)
-    assert bool(cupy.array_equal(again.view(cupy.uint16), out.view(cupy.uint16)))
-    # new operands through the remembered launches
-    a2, b2 = operands(m, n, k, dtype, ta, tb)
-    check_close(hopmm.matmul(a2, b2), reference(a2, b2), dtype)
+    check_call(m, n, k, dtype, ta, tb, f"\ntail: {part} ")
 
 
 @pytest.mark.parametrize("case", ["odd_n", "strided_out"])
