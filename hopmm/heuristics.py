@@ -390,9 +390,14 @@ def _operand_bytes(problem: Problem) -> int:
     return (problem.m + problem.n) * problem.k * problem.batch * ELEM_BYTES
 
 
+def _result_bytes(problem: Problem) -> int:
+    """Bytes of C."""
+    return problem.m * problem.n * problem.batch * ELEM_BYTES
+
+
 def _dram_bytes(problem: Problem) -> int:
     """Bytes of A, B and C, each once."""
-    return _operand_bytes(problem) + problem.m * problem.n * problem.batch * ELEM_BYTES
+    return _operand_bytes(problem) + _result_bytes(problem)
 
 
 SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule)
@@ -1056,7 +1061,7 @@ def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | Non
     base = SCHEDULES[schedule or PersistentSchedule.name]
     forced = schedule is not None
     sched, cfg, why = _persistent_tile(base, problem, device, forced, epilogue_reads, short)
-    if not forced and cfg.block_m == WGMMA_M:
+    if not forced and cfg.block_m == WGMMA_M and _narrow_by_waves_range(problem):
         # The narrow tile keeps the problems the wave model gives it over the 128-row tiles:
         # there the 64-row tiles ran 0.87-0.92 x it (NOTES v0.33).
         whole = _persistent_tile(base, problem, device, forced, epilogue_reads, short=False)
@@ -1096,7 +1101,7 @@ STORE_BOUND_PAD = 0.02
 
 
 def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
-    c_bytes = problem.m * problem.n * problem.batch * ELEM_BYTES
+    c_bytes = _result_bytes(problem)
     padded = -(-problem.n // STORE_BOUND_WIDTH) * STORE_BOUND_WIDTH
     return (_k_blocks(problem) <= STORE_BOUND_MAX_K_BLOCKS
             and c_bytes >= STORE_BOUND_C_SHARE * _operand_bytes(problem)
@@ -1116,7 +1121,7 @@ def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choic
     staging = ("the whole tile" if cfg.c_buffers == PersistentSchedule.c_boxes(cfg)
                else "a ring of boxes")
     why = (f"K of one k-block and a result of "
-           f"{problem.m * problem.n * problem.batch * ELEM_BYTES / 1e6:.0f} MB: the stores set "
+           f"{_result_bytes(problem) / 1e6:.0f} MB: the stores set "
            f"the pace, so {BLOCK_M}x{STORE_BOUND_WIDTH} tiles with {staging} staged per "
            f"consumer, in waves along rows of tiles (instead of: {why})")
     return Choice(PersistentSchedule, cfg,
@@ -1132,12 +1137,18 @@ def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choic
 NARROW_WAVES_MAX_N = 256
 
 
+def _narrow_by_waves_range(problem: Problem) -> bool:
+    """More columns than the narrow tile, at most NARROW_WAVES_MAX_N: where _narrow_by_waves
+    weighs it."""
+    return NARROW_BLOCK_N < problem.n <= NARROW_WAVES_MAX_N
+
+
 def _narrow_by_waves(problem: Problem, device: DeviceInfo, sched, cfg: KernelConfig):
     """(config, why) of the narrow tile on the persistent kernel where the problem has more
     columns than that tile (narrower ones take it by tile-times already) but at most
     NARROW_WAVES_MAX_N, and the wave model puts it no slower than the persistent kernel
     `sched`'s `cfg`; else None."""
-    if not NARROW_BLOCK_N < problem.n <= NARROW_WAVES_MAX_N:
+    if not _narrow_by_waves_range(problem):
         return None
     narrow = PersistentSchedule.deepest(problem.dtype, NARROW_BLOCK_N, problem.trans_a,
                                         problem.trans_b, device.smem_per_block_optin)
@@ -1413,8 +1424,7 @@ def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
     own = _lane_operand_bytes(problem, cfg, group)
     shared = _operand_bytes(problem) - own
     reads = own + shared * (1 if shared <= STREAM_K_L2_BYTES else lanes)
-    dram = ((reads + problem.m * problem.n * problem.batch * ELEM_BYTES)
-            / (UNSPLIT_DRAM_TBPS * 1e6))
+    dram = (reads + _result_bytes(problem)) / (UNSPLIT_DRAM_TBPS * 1e6)
     # No pieces where a lane's tiles divide evenly among its CTAs; else an owner adds the
     # piece of every later CTA whose first k-block lies in its tile.
     pieces = 0 if lane_tiles % per_lane == 0 else -(-per_lane // lane_tiles)

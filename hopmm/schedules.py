@@ -148,6 +148,9 @@ class WarpSpecializedSchedule:
     stage_cap = None
     # Whether the k-blocks of a tile are divided among CTAs (grid y) and reduced in order.
     split_k = False
+    # What a Choice's `splits` counts here, as autotune labels it ("k": K splits a tile;
+    # "ctas": the grid's CTAs); "" where it is always 1.
+    splits_label = ""
     # Kernel parameters after the three operand maps (kernel_entry.cu.in) and the arguments the
     # skeleton gets for them; KernelLaunch passes the extra maps and `pointers` raw device
     # pointers, in that order, before the integers.
@@ -569,6 +572,7 @@ class SplitKSchedule(WarpSpecializedSchedule):
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::split_k_gemm",
                  EPILOGUE="hopmm::SplitKEpilogue")
     split_k = True
+    splits_label = "k"
     workspace = True
     row_store_ok = False   # the last split's store and the reductions' go through TMA
     # Few tiles is the point of split-K: 128-wide tiles, and the fp32 partial (128 x 128 x 4 =
@@ -756,6 +760,7 @@ class StreamKSchedule(PersistentSchedule):
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::stream_k_gemm")
     block_ns = WarpSpecializedSchedule.block_ns
     short_block_ns = ()
+    splits_label = "ctas"
     workspace = True
     workspace_map = False
     extra_params = "\n               float* workspace, unsigned* flags,"

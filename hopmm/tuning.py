@@ -92,17 +92,12 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
         raise ValueError(f"stages {entry.stages!r} do not fit this device's shared memory")
     cfg = replace(deepest, stages=entry.stages)
     splits = entry.splits
-    counted = sched.split_k or sched is StreamKSchedule   # stream_k: the grid's CTAs
-    if type(splits) is not int or splits < 1 or (splits > 1 and not counted):
+    if type(splits) is not int or splits < 1 or (splits > 1 and not sched.splits_label):
         raise ValueError(f"splits {splits!r} invalid for schedule {entry.schedule!r}")
-    if sched is StreamKSchedule:
-        sched.grid(problem, cfg, min(problem.batch, MAX_GRID_Z), device.sm_count, splits)
-        sched.check_grid(problem, cfg, min(problem.batch, MAX_GRID_Z), entry.raster_group,
-                         splits)
-    if sched.split_k:
-        bound = sched.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z), device.sm_count)
-        if splits > bound:
-            raise ValueError(f"splits {splits} exceed this problem's bound {bound}")
+    # The launch's own checks: a split count within its bound, stream_k's CTAs for its lanes.
+    batch_count = min(problem.batch, MAX_GRID_Z)
+    sched.grid(problem, cfg, batch_count, device.sm_count, splits)
+    sched.check_grid(problem, cfg, batch_count, entry.raster_group, splits)
     return Choice(sched, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
                               f"({table_path()})"
                   + (f"; split_k with {splits} splits" if sched.split_k else ""),
@@ -279,8 +274,8 @@ def label(choice: Choice) -> str:
     c = choice.config
     if choice.schedule is GemvSchedule:
         return f"gemv {c.tag} k{choice.splits}"
-    split = (f" k{choice.splits}" if choice.schedule.split_k else
-             f" ctas{choice.splits}" if choice.schedule is StreamKSchedule else "")
+    counted = choice.schedule.splits_label
+    split = f" {counted}{choice.splits}" if counted else ""
     tail = (f" + tail {choice.tail.axis}{choice.tail.start}: {label(choice.tail.choice)}"
             if choice.tail else "")
     return (f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} "
