@@ -128,6 +128,19 @@ UNSPLIT_KBLOCK_US = 0.275
 UNSPLIT_LOAD = 0.4
 UNSPLIT_DRAM_TBPS = 2.8
 UNSPLIT_EPILOGUE_US = 2.0
+# At most SHORT_TILE_MAX_M rows (a long main loop, more columns than the narrow tile's), B's
+# stream sets the pace of an unsplit product: where its 64 x 128 tiles fit one wave, the
+# persistent kernels run it on them, which puts the most CTAs to streaming B with the deepest
+# ring (on 63 such problems 0.95-1.21 x their 128-row tiles, geomean 1.04, and ahead of
+# split_k_parallel's splits from ~35 tiles; past one wave the last wave's few CTAs stream too
+# slowly: 0.86-0.94 x; NOTES v0.34). Their time, fitted to 78 problems (3.2 % rms):
+#   time = max(k_blocks * FEW_ROWS_KBLOCK_US * (1 + FEW_ROWS_LOAD * the share of SMs busy),
+#              bytes of A, B and C / FEW_ROWS_DRAM_TBPS)  +  FEW_ROWS_FIXED_US
+FEW_ROWS_TILE = (WGMMA_M, 128)
+FEW_ROWS_KBLOCK_US = 0.15
+FEW_ROWS_LOAD = 1.2
+FEW_ROWS_DRAM_TBPS = 2.95
+FEW_ROWS_FIXED_US = 3.0
 
 
 @dataclass(frozen=True)
@@ -244,6 +257,21 @@ def _narrow(problem: Problem) -> bool:
     return problem.n <= NARROW_BLOCK_N
 
 
+def _few_rows(problem: Problem, device: DeviceInfo) -> bool:
+    """A product the persistent kernels run on FEW_ROWS_TILE: at most SHORT_TILE_MAX_M rows, a
+    long main loop (_long_main_loop), not narrow (_narrow), its tiles in one wave."""
+    return (problem.m <= SHORT_TILE_MAX_M and _long_main_loop(problem)
+            and not _narrow(problem) and _tiles(problem, *FEW_ROWS_TILE) <= device.sm_count)
+
+
+def _few_rows_us(problem: Problem, device: DeviceInfo) -> float:
+    """The unsplit FEW_ROWS_TILE model's time (above), in microseconds."""
+    busy = _tiles(problem, *FEW_ROWS_TILE) / device.sm_count
+    compute = _k_blocks(problem) * FEW_ROWS_KBLOCK_US * (1 + FEW_ROWS_LOAD * busy)
+    return (max(compute, _dram_bytes(problem) / (FEW_ROWS_DRAM_TBPS * 1e6))
+            + FEW_ROWS_FIXED_US)
+
+
 def _short_tiles_fit(problem: Problem) -> bool:
     """Whether the 64-row tiles are offered: not where the main loop is short
     (_long_main_loop), since one consumer warpgroup hides no tile's epilogue behind another's
@@ -254,9 +282,13 @@ def _short_tiles_fit(problem: Problem) -> bool:
     return _long_main_loop(problem) and problem.m > WGMMA_M and not _narrow(problem)
 
 
-def _offered_shapes(sched, problem: Problem, short: bool = True) -> list[tuple[int, int]]:
-    """`sched`'s tile shapes for `problem`: the NARROW_BLOCK_N-wide tile only where the
-    problem is that narrow (_narrow); the 64-row tiles where `short` and _short_tiles_fit."""
+def _offered_shapes(sched, problem: Problem, device: DeviceInfo,
+                    short: bool = True) -> list[tuple[int, int]]:
+    """`sched`'s tile shapes for `problem`: FEW_ROWS_TILE alone where `short` and _few_rows
+    (if `sched` has it); else the NARROW_BLOCK_N-wide tile only where the problem is that
+    narrow (_narrow), the 64-row tiles where `short` and _short_tiles_fit."""
+    if short and _few_rows(problem, device) and FEW_ROWS_TILE in sched.tile_shapes():
+        return [FEW_ROWS_TILE]
     short = short and _short_tiles_fit(problem)
     return [t for t in sched.tile_shapes() if (t[1] != NARROW_BLOCK_N or _narrow(problem))
             and (t[0] != WGMMA_M or short)]
@@ -554,14 +586,18 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
             splits, estimate = _best_split(sched, problem, cfg, device, forced is not None)
             if forced or splits >= 2 or cfg.block_m == WGMMA_M:
                 picks.append((estimate or 0.0, sched, splits, cfg))
-    unsplit = _unsplit_wave_us(problem, device)
+    # What a split must beat: the unsplit tiles the persistent kernels would run instead.
+    few_rows = short and _few_rows(problem, device)
+    unsplit = _few_rows_us(problem, device) if few_rows else _unsplit_wave_us(problem, device)
+    unsplit_tiles = ("the unsplit {}x{} tiles".format(*FEW_ROWS_TILE) if few_rows
+                     else "one wave of the unsplit 128-row tiles")
     # Problems of few rows split on the 64-row tiles (SHORT_TILE_MAX_M) whatever the models of
     # the 128-row split-K schedules say (those models do not see the rows past M), or, where
     # their best count is one split, not at all.
     if forced is None and problem.m <= SHORT_TILE_MAX_M:
         picks = [p for p in picks if p[3].block_m == WGMMA_M]
-        # ... unless one wave of the unsplit 128-row tiles is faster by more than the model's
-        # slack (PARALLEL_FILL_SLACK: within it the split keeps the problem).
+        # ... unless the unsplit tiles are faster by more than the model's slack
+        # (PARALLEL_FILL_SLACK: within it the split keeps the problem).
         if unsplit is not None:
             picks = [p for p in picks if p[0] <= unsplit * PARALLEL_FILL_SLACK]
     elif forced is None:
@@ -597,7 +633,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     why = (f"{sched.name}: {tiles} tiles of {cfg.block_m}x{cfg.block_n} for {device.sm_count} "
            f"SMs, {split}"
            + (f"; predicted {estimate:.1f} us" if estimate else "")
-           + (f" against {unsplit:.1f} us for one wave of the unsplit 128-row tiles"
+           + (f" against {unsplit:.1f} us for {unsplit_tiles}"
               if unsplit is not None and estimate and cfg.block_m < BLOCK_M else "")
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
@@ -985,11 +1021,17 @@ def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
     cfg, why = picked
-    unsplit = (_unsplit_wave_us(problem, device) if _short_tile_shapes(problem, device)
-               else None)
-    if not forced and unsplit is not None:
-        why += (f"; unsplit ({unsplit:.1f} us by the model of one wave of unsplit tiles): "
-                f"split 64-row tiles would be slower")
+    if not forced and short and _few_rows(problem, device) and \
+            (cfg.block_m, cfg.block_n) == FEW_ROWS_TILE:
+        why = (f"at most {SHORT_TILE_MAX_M} rows: streaming B sets the pace, and the "
+               f"{cfg.block_m}x{cfg.block_n} tile puts the most CTAs to it; {why}; unsplit "
+               f"({_few_rows_us(problem, device):.1f} us by the model of unsplit "
+               f"{cfg.block_m}x{cfg.block_n} tiles): split 64-row tiles would be slower")
+    elif not forced and _short_tile_shapes(problem, device):
+        unsplit = _unsplit_wave_us(problem, device)
+        if unsplit is not None:
+            why += (f"; unsplit ({unsplit:.1f} us by the model of one wave of unsplit tiles): "
+                    f"split 64-row tiles would be slower")
     if not forced and _long_main_loop(problem) and cfg.block_n in OVERLAP_WIDTHS and \
             cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
@@ -1311,8 +1353,8 @@ def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: t
     among those with at least FAST_STAGES stages where any has; None if no shape fits.
     `short`: whether the 64-row tiles are candidates (_offered_shapes)."""
     speeds = _tile_speeds(sched, problem)
-    shapes = sorted((t for t in _offered_shapes(sched, problem, short) if t in speeds),
-                    key=lambda t: (-t[1], t[0]))
+    shapes = sorted((t for t in _offered_shapes(sched, problem, device, short)
+                     if t in speeds), key=lambda t: (-t[1], t[0]))
     configs = {t: sched.deepest(problem.dtype, t[1], problem.trans_a, problem.trans_b,
                                 device.smem_per_block_optin, t[0]) for t in shapes}
     fits = [t for t in shapes if configs[t] is not None]
@@ -1495,7 +1537,7 @@ def _main_configs(problem: Problem, device: DeviceInfo, epilogue_reads: bool) ->
     kernel at its widths (_overlap_widths, as _choose_one takes them)."""
     overlap_widths = _overlap_widths(problem, device, epilogue_reads)
     out = []
-    for block_m, block_n in _offered_shapes(PersistentSchedule, problem, short=False):
+    for block_m, block_n in _offered_shapes(PersistentSchedule, problem, device, short=False):
         if (block_m, block_n) not in TILE_SPEED:
             continue
         sched = PersistentOverlapSchedule if block_n in overlap_widths else PersistentSchedule

@@ -1035,7 +1035,7 @@ def test_simulated_few_columns_take_gemv_transposed(simulated_gpu, m, k, n, batc
 
 
 @pytest.mark.parametrize("m,k,n,batch,transposed", [
-    (30, 1000, 264, 1, False), (64, 3000, 640, 1, True), (17, 2048, 136, 1, False)])
+    (30, 16000, 264, 1, False), (64, 3000, 640, 1, True), (17, 2048, 136, 1, False)])
 def test_simulated_few_rows_take_the_parallel_split_k(simulated_gpu, m, k, n, batch,
                                                       transposed):
     """The default path for problems of a few more rows than gemv takes: split_k_parallel's
@@ -1050,3 +1050,18 @@ def test_simulated_few_rows_take_the_parallel_split_k(simulated_gpu, m, k, n, ba
     expected = 64 if transposed or m > 32 else 32
     assert a_box[1] == expected
     assert "schedule: split_k_parallel" in hopmm.explain(a, b)
+
+
+@pytest.mark.parametrize("m,k,n,transposed", [(30, 1000, 264, False), (48, 4480, 5632, True)])
+def test_simulated_few_rows_take_the_64x128_tile(simulated_gpu, m, k, n, transposed):
+    """At most 64 rows in one wave of 64 x 128 tiles, unsplit on the persistent kernel: one
+    consumer warpgroup, A in boxes of 64 rows (those past M zero-filled), no workspace."""
+    a = rand((1, k, m)).transpose(0, 2, 1) if transposed else rand((1, m, k))
+    b = rand((k, n))
+    expect(a, b, hopmm.matmul(a, b))
+    run = SimulatedLaunch.last
+    assert run.block_x == 256 and len(run.templates) == 3     # no split-K workspace
+    name = _kernel_name(run.function)
+    assert name.startswith("hopmm_persistent_") and "_64x128x64_" in name
+    text = hopmm.explain(a, b)
+    assert "schedule: persistent\n" in text and "streaming B sets the pace" in text

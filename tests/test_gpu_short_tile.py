@@ -1,5 +1,5 @@
 """GPU tier: the persistent kernels' 64-row tiles (one consumer warpgroup), which the heuristic
-takes where 128-row tiles leave SMs idle: unforced through hopmm.matmul (explain names the tile)
+takes where 128-row tiles leave SMs idle and for products of at most 64 rows: unforced through hopmm.matmul (explain names the tile)
 and forced through the launch layer, against an fp32 cupy.matmul into NaN-poisoned outputs with
 spare rows: every layout and dtype, tile edges, one row, one column, K below a k-block, several
 tiles per CTA, raster groups, batches, unaligned rows (copied in, stored by rows), a fused
@@ -22,6 +22,9 @@ UNFORCED = {
     "a_larger_one_round": (1472, 896, 1472, "persistent_overlap", "64x192"),
     "narrowest": (1024, 1024, 1024, "persistent", "64x128"),
     "widest": (320, 5696, 1100, "persistent", "64x256"),
+    # at most 64 rows in one wave of 64 x 128 tiles: B's stream sets the pace (NOTES v0.34)
+    "few_rows": (48, 5632, 4480, "persistent", "64x128"),
+    "few_rows_unaligned_a": (17, 8200, 1500, "persistent", "64x128"),
 }
 
 
@@ -102,3 +105,5 @@ def test_64_row_tiles_with_a_fused_epilogue(bias_form):
     text = check_fused_into_c(*operands(640, 2304, 2112, "bfloat16"), bias_form)
     assert "tiles of 64x192" in text and "schedule: persistent\n" in text, text
     assert "fused into the kernel" in text, text
+    few = check_fused_into_c(*operands(40, 6144, 2048, "float16"), bias_form, "float16")
+    assert "tiles of 64x128" in few and "streaming B sets the pace" in few, few

@@ -1,8 +1,9 @@
 """CPU: the persistent kernels' 64-row tiles (one consumer warpgroup): which schedules offer
 them, where the heuristic takes them (heuristics.SHORT_TILE_MIN_GAIN, _short_tiles_fit), the
 raster groups of their one-round grids, the splits they replace, and where they are kept out
-(short main loops, problems of at most 64 rows, narrow products, wave tails, cluster pairs).
-Each rule's measurements: bench/NOTES.md v0.33."""
+(short main loops, narrow products, wave tails, cluster pairs); products of at most 64 rows,
+which take the 64 x 128 tile alone where it fits one wave (heuristics.FEW_ROWS_TILE).
+Each rule's measurements: bench/NOTES.md v0.33, v0.34."""
 from dataclasses import replace
 
 import pytest
@@ -73,15 +74,13 @@ def test_the_margin_decides():
 @pytest.mark.parametrize("m,n,k,why", [
     (6528, 1728, 192, "short main loop"),
     (1600, 6784, 768, "short main loop"),
-    (64, 5632, 4480, "at most 64 rows"),
-    (48, 8192, 8192, "at most 64 rows"),
     (5120, 64, 6272, "narrow"),
     (6001, 17, 3000, "narrow"),
 ])
 def test_64_row_tiles_kept_out(m, n, k, why):
     p = Problem(m, n, k, 1, "bfloat16")
     assert not heuristics._short_tiles_fit(p), why
-    assert all(t[0] != WGMMA_M for t in heuristics._offered_shapes(PersistentSchedule, p))
+    assert all(t[0] != WGMMA_M for t in heuristics._offered_shapes(PersistentSchedule, p, H100))
     assert choose(m, n, k).config.block_m != WGMMA_M or m <= WGMMA_M
 
 
@@ -157,3 +156,49 @@ def test_a_fused_epilogue_that_reads_bias_stays_off_the_overlap_64_row_tile():
     assert fused.schedule is PersistentSchedule
     assert (fused.config.block_m, fused.config.block_n) == (64, 192)
     assert not PersistentOverlapSchedule.epilogue_fetches_boxes(plain.config)
+
+
+@pytest.mark.parametrize("m,n,k", [(64, 5632, 4480), (48, 8192, 8192), (17, 16896, 2048),
+                                   (64, 8192, 8192)])
+@pytest.mark.parametrize("schedule", [None, "persistent", "persistent_overlap"])
+def test_few_rows_take_the_64x128_tile_alone(m, n, k, schedule):
+    """At most 64 rows in one wave of 64 x 128 tiles: the persistent kernels run that tile
+    (B's stream sets the pace: the most CTAs with the deepest ring), forced or not; the
+    128-row tiles of the kernels that have no 64-row tile are still offered."""
+    p = Problem(m, n, k, 1, "bfloat16")
+    assert heuristics._few_rows(p, H100)
+    for sched in (PersistentSchedule, PersistentOverlapSchedule):
+        assert heuristics._offered_shapes(sched, p, H100) == [heuristics.FEW_ROWS_TILE]
+        # wave tails (short=False) keep the 128-row tiles
+        assert all(t[0] != WGMMA_M
+                   for t in heuristics._offered_shapes(sched, p, H100, short=False))
+    assert all(t[0] != WGMMA_M for t in heuristics._offered_shapes(
+        SCHEDULES["persistent_cluster"], p, H100))
+    c = choose(m, n, k, schedule=schedule, epilogue=True)
+    assert (c.config.block_m, c.config.block_n) == heuristics.FEW_ROWS_TILE and c.splits == 1
+
+
+@pytest.mark.parametrize("m,n,k,why", [
+    (64, 17024, 4096, "past one wave"),       # 133 tiles of 64 x 128
+    (64, 28480, 576, "short main loop"),
+    (64, 64, 65536, "narrow"),
+    (65, 8192, 8192, "more than 64 rows"),
+])
+def test_few_rows_tile_kept_out(m, n, k, why):
+    assert not heuristics._few_rows(Problem(m, n, k, 1, "bfloat16"), H100), why
+
+
+def test_few_rows_split_must_beat_the_unsplit_64x128_tiles():
+    """The split's estimate against the few-rows model, within PARALLEL_FILL_SLACK: 20 tiles
+    of 64 x 2560 x 13504 split (too few CTAs to draw DRAM's rate), 46 of 64 x 5888 x 8832 not
+    (1.20 x its split of two, NOTES v0.34)."""
+    split = choose(64, 2560, 13504, epilogue=True)
+    assert split.schedule is SplitKParallelSchedule and split.splits > 1
+    assert "against" in split.reason and "for the unsplit 64x128 tiles" in split.reason
+    unsplit = choose(64, 5888, 8832, epilogue=True)
+    assert unsplit.schedule is PersistentSchedule and unsplit.splits == 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "_few_rows_us", lambda *args: 1e9)
+        moved = choose(64, 5888, 8832, epilogue=True)
+        assert moved.schedule is SplitKParallelSchedule and moved.splits > 1
+    heuristics.choose.cache_clear()

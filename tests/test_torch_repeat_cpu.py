@@ -193,7 +193,7 @@ def test_a_new_schedule_is_not_bypassed_by_remembered_launches(torch_on_simulate
 def test_split_k_repeats_take_the_full_path(torch_on_simulated_gpu):
     """Split-K launches look up their stream's workspace in Python: no direct repeat."""
     converted = torch_on_simulated_gpu
-    a, w, bias = tensor((32, 1024)), tensor((1024, 80)), tensor((80,))   # one tile: K splits
+    a, w, bias = tensor((32, 8192)), tensor((8192, 80)), tensor((80,))   # one tile: K splits
     for _ in range(2):
         y = hopmm.matmul(a, w, bias=bias)
         _close(y, _f32(a) @ _f32(w) + _f32(bias))
