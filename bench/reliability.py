@@ -85,7 +85,8 @@ SANITIZER_ERROR_WORDS = ("Invalid", "Error", "Race", "Hazard", "Uninitialized", 
 # Edge shapes (see reliability_driver.Case for the notation). One 128 x 256 tile exactly and
 # one element past it on every side; a single row; a single column; K below one 64-wide
 # k-block; K of 14 k-blocks less 47 (no split count divides it); a batch of 3 with edges
-# inside; odd row pitches (aligned copies); both operands transposed.
+# inside; odd row pitches (aligned copies); both operands transposed; a main loop long enough
+# for the 64-row tiles, of few rows (the 64 x 128 tile) and of one round of them.
 EDGE_SHAPES = {
     "tile": "128x256x128",
     "tile_edge": "129x257x130",
@@ -97,6 +98,8 @@ EDGE_SHAPES = {
     "odd_pitch": "120x200x328:pitch",
     "transposed": "192x200x264:ta:tb:fp16",
     "fused": "129x257x130:fused",   # bias, c and an activation in the epilogue, at tile edges
+    "few_rows": "40x300x1100",
+    "short_tiles": "300x700x1100",
 }
 # gemv's own edge shapes (decode: at most 16 rows, or few columns run transposed): one row;
 # 16 rows (the tensor-core loops) with K = 777 (a part chunk) and N a part column block;
@@ -107,8 +110,8 @@ GEMV_SHAPES = ("1x264x192", "16x1000x777", "9x517x2049:tb", "300x8x5:ta", "7x72x
 # The slower tools take the shapes most likely to find their kind of error.
 TOOL_SHAPES = {
     "memcheck": tuple(EDGE_SHAPES),
-    "racecheck": ("tile_edge", "k_split"),
-    "synccheck": ("tile_edge", "one_row", "batch"),
+    "racecheck": ("tile_edge", "k_split", "short_tiles"),
+    "synccheck": ("tile_edge", "one_row", "batch", "few_rows"),
     "initcheck": ("odd_pitch", "short_k", "one_col"),
 }
 # Tools whose runs take one shape each, every run with its own SANITIZER_TIMEOUT_S: under
@@ -116,7 +119,7 @@ TOOL_SHAPES = {
 # one run outlasted the timeout (NOTES v0.19).
 SHAPE_BY_SHAPE_TOOLS = ("initcheck",)
 QUICK_TOOL_SHAPES = {
-    "memcheck": ("tile_edge", "one_row", "k_split", "odd_pitch", "fused"),
+    "memcheck": ("tile_edge", "one_row", "k_split", "odd_pitch", "fused", "few_rows"),
     "racecheck": ("tile_edge",),
     "synccheck": ("tile_edge",),
     "initcheck": ("odd_pitch",),

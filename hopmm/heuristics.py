@@ -131,9 +131,9 @@ UNSPLIT_EPILOGUE_US = 2.0
 # At most SHORT_TILE_MAX_M rows (a long main loop, more columns than the narrow tile's), B's
 # stream sets the pace of an unsplit product: where its 64 x 128 tiles fit one wave, the
 # persistent kernels run it on them, which puts the most CTAs to streaming B with the deepest
-# ring (on 63 such problems 0.95-1.21 x their 128-row tiles, geomean 1.04, and ahead of
-# split_k_parallel's splits from ~35 tiles; past one wave the last wave's few CTAs stream too
-# slowly: 0.86-0.94 x; NOTES v0.34). Their time, fitted to 78 problems (3.2 % rms):
+# ring (on 49 such problems 0.95-1.21 x v0.33's 128-row tiles or split, geomean 1.03; past one
+# wave the last wave's few CTAs stream too slowly: 0.86-0.94 x on long main loops; NOTES
+# v0.34). Their time, fitted to 78 problems (3.2 % rms):
 #   time = max(k_blocks * FEW_ROWS_KBLOCK_US * (1 + FEW_ROWS_LOAD * the share of SMs busy),
 #              bytes of A, B and C / FEW_ROWS_DRAM_TBPS)  +  FEW_ROWS_FIXED_US
 FEW_ROWS_TILE = (WGMMA_M, 128)
