@@ -655,35 +655,34 @@ def test_products_of_one_wave_that_stream_b_run_unsplit(m, n, k):
     assert "streaming B sets the pace" in c.reason and "model of unsplit 64x128" in c.reason
 
 
-def test_few_rows_model_terms():
-    model = heuristics._few_rows_us
+@pytest.mark.parametrize("model,kblock,load,dram,fixed,rows", [
+    ("_unsplit_wave_us", "UNSPLIT_KBLOCK_US", "UNSPLIT_LOAD", "UNSPLIT_DRAM_TBPS",
+     "UNSPLIT_EPILOGUE_US", 128),
+    ("_few_rows_us", "FEW_ROWS_KBLOCK_US", "FEW_ROWS_LOAD", "FEW_ROWS_DRAM_TBPS",
+     "FEW_ROWS_FIXED_US", 64)])
+def test_unsplit_model_terms(model, kblock, load, dram, fixed, rows):
+    """The unsplit tiles' models: one wave of 128 x 128 tiles, and few rows on 64 x 128."""
+    estimate = getattr(heuristics, model)
+    kblock_us, load, dram_tbps, fixed_us = (getattr(heuristics, name)
+                                            for name in (kblock, load, dram, fixed))
     # the DRAM term: every byte of A, B and C once, and the fixed cost
     p = Problem(64, 7872, 7936, 1, "bfloat16")
     total = (64 * 7936 + 7936 * 7872 + 64 * 7872) * 2
-    assert model(p, H100_SXM) == pytest.approx(
-        total / (heuristics.FEW_ROWS_DRAM_TBPS * 1e6) + heuristics.FEW_ROWS_FIXED_US)
+    assert estimate(p, H100_SXM) == pytest.approx(total / (dram_tbps * 1e6) + fixed_us)
     # the k-blocks, each longer the more SMs the tiles take
-    few = Problem(64, 1024, 65536, 1, "bfloat16")     # 8 tiles
-    assert model(few, H100_SXM) == pytest.approx(
-        1024 * heuristics.FEW_ROWS_KBLOCK_US * (1 + heuristics.FEW_ROWS_LOAD * 8 / 132)
-        + heuristics.FEW_ROWS_FIXED_US)
+    few = Problem(rows, 1024, 65536, 1, "bfloat16")     # 8 tiles
+    many = Problem(rows * 8, 1024, 65536, 1, "bfloat16")
+    assert estimate(few, H100_SXM) == pytest.approx(
+        1024 * kblock_us * (1 + load * 8 / 132) + fixed_us)
+    if rows > heuristics.SHORT_TILE_MAX_M:
+        assert estimate(many, H100_SXM) > estimate(few, H100_SXM)
+    else:
+        assert estimate(Problem(rows, 8192, 65536, 1, "bfloat16"), H100_SXM) > estimate(
+            few, H100_SXM)
 
 
-def test_unsplit_wave_model_terms():
-    unsplit = heuristics._unsplit_wave_us
-    # the DRAM term: every byte of A, B and C once, and the epilogue
-    p = Problem(64, 7872, 7936, 1, "bfloat16")
-    total = (64 * 7936 + 7936 * 7872 + 64 * 7872) * 2
-    assert unsplit(p, H100_SXM) == pytest.approx(
-        total / (heuristics.UNSPLIT_DRAM_TBPS * 1e6) + heuristics.UNSPLIT_EPILOGUE_US)
-    # the k-blocks, each longer the more SMs the tiles take; more tiles than SMs: no estimate
-    few = Problem(128, 1024, 65536, 1, "bfloat16")     # 8 tiles
-    many = Problem(1024, 1024, 65536, 1, "bfloat16")   # 64 tiles
-    assert unsplit(few, H100_SXM) == pytest.approx(
-        1024 * heuristics.UNSPLIT_KBLOCK_US * (1 + heuristics.UNSPLIT_LOAD * 8 / 132)
-        + heuristics.UNSPLIT_EPILOGUE_US)
-    assert unsplit(many, H100_SXM) > unsplit(few, H100_SXM)
-    assert unsplit(Problem(64, 20000, 4096, 1, "bfloat16"), H100_SXM) is None
+def test_unsplit_wave_model_has_no_estimate_past_one_wave():
+    assert heuristics._unsplit_wave_us(Problem(64, 20000, 4096, 1, "bfloat16"), H100_SXM) is None
 
 
 def test_few_rows_of_an_m_major_a_load_whole_tiles():
