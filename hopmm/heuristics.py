@@ -115,8 +115,9 @@ ZERO_ROW_US = 0.0005
 PARALLEL_FILL_SLACK = 1.03
 # Problems of at most this many rows that split K run on split_k_parallel's 64-row tiles: a
 # 128-row tile computes as many rows again that are never stored, at the cost of loaded ones
-# (bench/NOTES.md v0.17). Unsplit, the persistent kernels' wider 128-row tiles streamed B
-# faster (1.06-1.67 x on three such problems, bench/NOTES.md v0.23).
+# (bench/NOTES.md v0.17). Unsplit, the persistent kernels' tiles streamed B faster than
+# split_k_parallel's one split (1.06-1.67 x on three such problems, bench/NOTES.md v0.23); their
+# 64 x 128 tile (FEW_ROWS_TILE) where it fits one wave, else their 128-row tiles.
 SHORT_TILE_MAX_M = 64
 # The tile width the unsplit baseline of the split-K models is rated on.
 UNSPLIT_BLOCK_N = 128
@@ -276,9 +277,9 @@ def _short_tiles_fit(problem: Problem) -> bool:
     """Whether the 64-row tiles are offered: not where the main loop is short
     (_long_main_loop), since one consumer warpgroup hides no tile's epilogue behind another's
     main loop (4-12 k-blocks: 0.85-0.95 x the 128-row tiles); not to problems of at most 64
-    rows, whose 128-row tiles load only those rows (KernelConfig.a_rows) and stream B as fast
-    (0.93-1.18 x, geomean 1.01, on 37); not to narrow ones (_narrow), which the narrow tile
-    computes without columns past N (NOTES v0.33)."""
+    rows, which take FEW_ROWS_TILE alone where it fits one wave (_few_rows) and the 128-row
+    tiles, loading only their rows, past it; not to narrow ones (_narrow), which the narrow
+    tile computes without columns past N (NOTES v0.33, v0.34)."""
     return _long_main_loop(problem) and problem.m > WGMMA_M and not _narrow(problem)
 
 
@@ -1377,7 +1378,7 @@ def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: t
     why += (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} = {waves:.2f} waves of {workers} "
             f"{units} "
             + (f"(the fewest tile-times of tiles {names})" if len(shapes) > 1
-               else f"(the only tile of the {sched.name} schedule)"))
+               else f"(the only tile of the {sched.name} schedule offered)"))
     return cfg, why
 
 
