@@ -248,8 +248,11 @@ def matmul(a, b, out=None, *, bias=None, activation=None, alpha=_ALPHA_DEFAULT,
     when a call raises."""
     if not (bias is None and c is None and activation is None and alpha is _ALPHA_DEFAULT
             and beta is _BETA_DEFAULT):
-        return _fused_matmul(a, b, out, bias=bias, activation=activation, alpha=alpha,
-                             beta=beta, c=c)
+        keywords = dict(bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
+        # A torch tensor A goes to interop first: the cupy fast path would only decline it.
+        if interop.is_tensor(a):
+            return interop.fused_tensors(matmul, a, b, out, keywords)
+        return _fused_matmul(a, b, out, keywords)
     result, k = fastpath.repeat(a, b, out)
     if result is not None:
         return result
@@ -278,13 +281,10 @@ def matmul(a, b, out=None, *, bias=None, activation=None, alpha=_ALPHA_DEFAULT,
     return result
 
 
-def _fused_matmul(a, b, out, **keywords):
-    """matmul with epilogue keywords: a repeat of an earlier call through its remembered
-    launches, else validated in full (nothing launched before every check has passed), then
-    run on hopmm's kernels or computed with CuPy in fp32."""
-    # A torch tensor A goes to interop first: the cupy fast path would only decline it.
-    if interop.is_tensor(a):
-        return interop.fused_tensors(matmul, a, b, out, keywords)
+def _fused_matmul(a, b, out, keywords: dict):
+    """matmul with epilogue keywords (A not a torch tensor): a repeat of an earlier call
+    through its remembered launches, else validated in full (nothing launched before every
+    check has passed), then run on hopmm's kernels or computed with CuPy in fp32."""
     import cupy
 
     result, k = fastpath.repeat_fused(a, b, out, keywords)
