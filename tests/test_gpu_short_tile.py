@@ -1,10 +1,11 @@
 """GPU tier: the persistent kernels' 64-row tiles (one consumer warpgroup), which the heuristic
-takes where 128-row tiles leave SMs idle and for products of at most 64 rows: unforced through hopmm.matmul (explain names the tile)
-and forced through the launch layer, against an fp32 cupy.matmul into NaN-poisoned outputs with
-spare rows: every layout and dtype, tile edges, one row, one column, K below a k-block, several
-tiles per CTA, raster groups, batches, unaligned rows (copied in, stored by rows), a fused
-epilogue into c, the overlap kernel bitwise the single-set one, bitwise repeats and new
-operands through the remembered launches. Skips without a Hopper GPU."""
+takes where 128-row tiles leave SMs idle and for products of at most 64 rows: unforced through
+hopmm.matmul (explain names the tile) and forced through the launch layer, against an fp32
+cupy.matmul into NaN-poisoned outputs with spare rows: every layout and dtype, tile edges, one
+row, one column, K below a k-block, several tiles per CTA, raster groups, batches, unaligned
+rows (copied in, stored by rows), a fused epilogue into c, the overlap kernel bitwise the
+single-set one, bitwise repeats and new operands through the remembered launches. Skips
+without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
