@@ -267,10 +267,18 @@ def _few_rows(problem: Problem, device: DeviceInfo) -> bool:
 
 def _few_rows_us(problem: Problem, device: DeviceInfo) -> float:
     """The unsplit FEW_ROWS_TILE model's time (above), in microseconds."""
-    busy = _tiles(problem, *FEW_ROWS_TILE) / device.sm_count
-    compute = _k_blocks(problem) * FEW_ROWS_KBLOCK_US * (1 + FEW_ROWS_LOAD * busy)
-    return (max(compute, _dram_bytes(problem) / (FEW_ROWS_DRAM_TBPS * 1e6))
-            + FEW_ROWS_FIXED_US)
+    return _one_wave_us(problem, device, FEW_ROWS_TILE, FEW_ROWS_KBLOCK_US, FEW_ROWS_LOAD,
+                        FEW_ROWS_DRAM_TBPS, FEW_ROWS_FIXED_US)
+
+
+def _one_wave_us(problem: Problem, device: DeviceInfo, tile: tuple[int, int],
+                 kblock_us: float, load: float, dram_tbps: float, fixed_us: float) -> float:
+    """The unsplit models' form (_unsplit_wave_us, _few_rows_us), for tiles of `tile` in one
+    wave: the longer of a tile's k-blocks, each slower by `load` x the share of the SMs busy,
+    and the DRAM bytes at `dram_tbps`; then `fixed_us`."""
+    tiles = _tiles(problem, *tile)
+    compute = _k_blocks(problem) * kblock_us * (1 + load * tiles / device.sm_count)
+    return max(compute, _dram_bytes(problem) / (dram_tbps * 1e6)) + fixed_us
 
 
 def _short_tiles_fit(problem: Problem) -> bool:
@@ -563,13 +571,11 @@ def split_count(problem: Problem, cfg: KernelConfig, device: DeviceInfo,
 def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
     """The persistent kernel's time for the unsplit 128 x 128 tiles where they fit one wave of
     the SMs (the unsplit model above); None where they take more than one wave."""
-    tiles = _tiles(problem, BLOCK_M, UNSPLIT_BLOCK_N)
-    if tiles > device.sm_count:
+    tile = (BLOCK_M, UNSPLIT_BLOCK_N)
+    if _tiles(problem, *tile) > device.sm_count:
         return None
-    k_blocks = _k_blocks(problem)
-    compute = k_blocks * UNSPLIT_KBLOCK_US * (1 + UNSPLIT_LOAD * tiles / device.sm_count)
-    return (max(compute, _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6))
-            + UNSPLIT_EPILOGUE_US)
+    return _one_wave_us(problem, device, tile, UNSPLIT_KBLOCK_US, UNSPLIT_LOAD,
+                        UNSPLIT_DRAM_TBPS, UNSPLIT_EPILOGUE_US)
 
 
 def _split_k_choice(problem: Problem, device: DeviceInfo,
