@@ -761,6 +761,14 @@ GEMV_MIN_SPLIT_K = 256
 # Rows of C gemv is taken for without forcing: its kernel's design point (a row group of 16, the
 # mma's rows); more rows read B once per group of 16.
 GEMV_MAX_M = 16
+# Rows of C up to which gemv may take an N-major B unforced (few rows; few columns, C^T, and
+# gemv on unaligned rows read in place keep their models). From two rows its N-major loops (a
+# lane's vector of 8 columns a row, partials added across warps through shared memory;
+# mma.sync from 8 rows) stream B at 1.3-2.8 TB/s, up to 50 % below their model, where the
+# tile kernels' TMA stream of the same B ran 2.0-2.9: on tiles instead, 62 problems of 2-16
+# rows ran 1.03-1.13 x faster (geomean by rows; NOTES v0.35). One row keeps gemv, ahead on
+# 3 of 4.
+GEMV_N_MAJOR_MAX_ROWS = 1
 
 
 def gemv_splits(problem: Problem, cfg: GemvConfig, device: DeviceInfo) -> int:
@@ -816,6 +824,9 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
         return None
     kp = GemvSchedule.kernel_problem(problem, GemvConfig.default(problem.dtype, False, False, 1,
                                                                  trans_c))
+    if not forced and not in_place and not trans_c and kp.trans_b \
+            and kp.m > GEMV_N_MAJOR_MAX_ROWS:
+        return None
     # The tensor-core loops or the CUDA-core ones, whichever the model says is faster (from
     # 8 rows they differ: an FMA bound against a slower N-major stream).
     options = []

@@ -912,13 +912,17 @@ def test_simulated_split_k_parallel(simulated_gpu, case):
     (1, 4096, 4096, 1, False), (2, 4096, 4096, 2, False), (4, 4096, 6000, 1, True),
     (3, 4096, 8000, 3, False), (3, 4096, 4096, 1, True)])
 def test_simulated_few_rows_take_gemv(simulated_gpu, m, k, n, batch, transposed):
-    """The default path for problems of at most GEMV_MAX_M rows: gemv, K split where N alone
-    gives too few CTAs; explain names it."""
+    """The default path for problems of at most GEMV_MAX_M rows of a K-major B, and of one row
+    of an N-major B: gemv, K split where N alone gives too few CTAs; explain names it. More
+    rows of an N-major B take the tile kernels (heuristics.GEMV_N_MAJOR_MAX_ROWS)."""
     a = rand((batch, k, m)).transpose(0, 2, 1) if transposed else rand((batch, m, k))
-    for b in (rand((k, n)), rand((n, k)).T):   # N-major and K-major B
+    for b_major, b in (("n", rand((k, n))), ("k", rand((n, k)).T)):
         expect(a, b, hopmm.matmul(a, b))
-        assert not SimulatedLaunch.last.templates and SimulatedLaunch.last.pointers == 4
         text = hopmm.explain(a, b)
+        if b_major == "n" and m > heuristics.GEMV_N_MAJOR_MAX_ROWS:
+            assert "schedule: gemv" not in text and SimulatedLaunch.last.templates
+            continue
+        assert not SimulatedLaunch.last.templates and SimulatedLaunch.last.pointers == 4
         assert "schedule: gemv" in text and "predicted" in text
 
 

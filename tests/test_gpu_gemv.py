@@ -336,17 +336,19 @@ def test_repeat_calls_take_the_fast_path_on_new_operands():
 @pytest.mark.parametrize("m", [1, 4, 8, 16])
 def test_decode_default_path(m, b_major):
     """Unforced, the heuristic takes the schedule its model picks on the issue's decode shapes
-    (gemv for K-major B, on tensor cores from 8 rows; for N-major B gemv up to 4 rows, then
-    the unsplit persistent tiles, NOTES v0.21, v0.29); the result is right."""
+    (gemv for K-major B, on tensor cores from 8 rows; for N-major B gemv on one row, then the
+    unsplit persistent tiles, NOTES v0.21, v0.35); the result is right."""
     import cupy
 
     import hopmm
+    from hopmm import heuristics
 
     hopmm.use_schedule(None)
     dtype = "bfloat16"
     a = rand((m, 8192), dtype)
     b = rand((8192, 8192), dtype) if b_major == "n" else rand((8192, 8192), dtype).T
-    expected = "persistent" if b_major == "n" and m >= 8 else "gemv"
+    expected = ("persistent" if b_major == "n" and m > heuristics.GEMV_N_MAJOR_MAX_ROWS
+                else "gemv")
     assert f"schedule: {expected}" in hopmm.explain(a, b)
     out = cupy.full((m, 8192), cupy.nan, dtype=dtype)
     hopmm.matmul(a, b, out=out)
