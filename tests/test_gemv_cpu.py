@@ -173,7 +173,7 @@ DECODE = [(1, 8192, 8192), (2, 8192, 8192), (4, 8192, 8192), (8, 8192, 8192),
           (16, 14336, 4096)]
 
 
-# N-major B takes gemv on one row (from two, the tile kernels: test_n_major_b_from_two_rows).
+# N-major B takes gemv on one row (from two, the tile kernels: the tests below).
 DECODE_CASES = [(m, n, k, b_major) for m, n, k in DECODE for b_major in "kn"
                 if b_major == "k" or m <= heuristics.GEMV_N_MAJOR_MAX_ROWS]
 
