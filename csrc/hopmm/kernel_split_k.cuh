@@ -14,9 +14,7 @@
 // dispatched earlier: it is resident or finished, never queued behind the waiter. A waiter
 // never holds anything its predecessor needs (no shared resource but the SM it sits on).
 #pragma once
-#include "tile_config.cuh"
-#include "tile_raster.cuh"
-#include "k_slice.cuh"
+#include "kernel_warp_specialized.cuh"
 #include "split_k_reduce.cuh"
 
 namespace hopmm {
@@ -30,36 +28,17 @@ __device__ __forceinline__ void split_k_gemm(const TensorMap* map_a, const Tenso
                                              GroupedRaster raster,
     const EpilogueArgs& epilogue = EpilogueArgs()) {
     typedef TileShape<Cfg> S;
-    extern __shared__ unsigned char smem_raw[];
-    const int warpgroup = threadIdx.x / kWarpgroupThreads;
-    const int thread = threadIdx.x % kWarpgroupThreads;
-    const SharedStorage<Cfg> smem = setup_shared_storage<Cfg>(smem_raw, map_a, map_b, map_c, epilogue);
-
-    const TileCoord tile = raster.block_tile(batch_offset);
-    const int m0 = tile.m_tile * S::kBlockM, n0 = tile.n_tile * S::kBlockN, z = tile.z;
-    const KSlice slice = k_slice(S::k_blocks(k), gridDim.y, blockIdx.y);
-    int ring = 0;
-
-    if (warpgroup == 0) {
-        setmaxnreg_dec<kProducerRegs>();
-        if (thread == 0) {
-            if (gridDim.y > 1) tma_prefetch_map(map_w);
-            Producer::load_tile(map_a, map_b, smem, m0, n0, raster.m - m0, raster.n - n0,
-                                batch_a(z), batch_b(z), slice.count, ring, slice.first);
-            grid_launch_dependents();  // the last load is issued
-        }
-    } else {
-        setmaxnreg_inc<S::kConsumerRegs>();
-        const int consumer = warpgroup - 1;
-        Consumer consumer_state;
-        prefetch_epilogue_operands(smem, thread, m0 + consumer * S::kWgmmaM, n0, z);
-        consumer_state.mainloop(smem, consumer, slice.count, ring, thread == 0);
-        const SplitKWorkspace ws{map_w, workspace, semaphores, raster.tiles_n * S::kBlockN,
-                                 raster.tiles_m * S::kBlockM};
-        Epilogue::store(consumer_state.acc, map_c, smem, ws, consumer, thread,
-                        m0 + consumer * S::kWgmmaM, n0, z);
-        Epilogue::finish(thread);
-    }
+    run_one_tile<Cfg, Producer, Consumer>(
+        map_a, map_b, map_c, batch_offset, batch_a, batch_b, raster, epilogue,
+        [&] { return k_slice(S::k_blocks(k), gridDim.y, blockIdx.y); },
+        [&] { if (gridDim.y > 1) tma_prefetch_map(map_w); }, [] {},
+        [&](Consumer& state, const SharedStorage<Cfg>& smem, int consumer, int thread, int row0,
+            int n0, int z) {
+            const SplitKWorkspace ws{map_w, workspace, semaphores, raster.tiles_n * S::kBlockN,
+                                     raster.tiles_m * S::kBlockM};
+            Epilogue::store(state.acc, map_c, smem, ws, consumer, thread, row0, n0, z);
+            Epilogue::finish(thread);
+        });
 }
 
 }  // namespace hopmm
