@@ -224,6 +224,11 @@ UNALIGNED_B_TILE_SPEED = {(BLOCK_M, 256): 1.05, (BLOCK_M, 192): 1.0, (BLOCK_M, 1
 # (two accumulator sets, the epilogue under the next tile's first k-block): 128 x 192 gained,
 # 128 x 128 did not, and 128 x 256 has no registers for a second set (bench/NOTES.md v0.6).
 OVERLAP_WIDTHS = (192,)
+# Of those, the tile heights that run on it: a 64-row tile has one consumer warpgroup, which
+# holding two 64 x 192 sets lost more than its hidden epilogue gained (NOTES v0.35, v0.36).
+# The tile-time model still ranks 64 x 192 as the overlap kernel would run it: ranked as the
+# single-set kernel runs it, it took over from 128 x 256 where it then ran slower (v0.36).
+OVERLAP_BLOCK_MS = (BLOCK_M,)
 # Tiles of fewer k-blocks than this stay on the persistent kernel: their main loop is too short
 # to hide the next epilogue behind, and the overlap kernel's slower main loop then costs more
 # than it hides (bench/NOTES.md v0.17).
@@ -1054,7 +1059,7 @@ def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,
             cfg.block_n not in overlap_widths:
         why += ("; no overlap kernel: the fused epilogue reads bias or c, which it would load "
                 "one pair at a time there")
-    if cfg.block_n in overlap_widths:
+    if cfg.block_n in overlap_widths and cfg.block_m in OVERLAP_BLOCK_MS:
         overlap = PersistentOverlapSchedule.deepest(problem.dtype, cfg.block_n, problem.trans_a,
                                                     problem.trans_b, device.smem_per_block_optin,
                                                     cfg.block_m)

@@ -143,9 +143,11 @@ def test_tunables_k_major(config):
     assert rel_err(c, a, b) < TOL["float16"]
 
 
-@pytest.mark.parametrize("config", [dict(warps=4), dict(unroll=16), dict(warps=16),
-                                    dict(max_rows=8)])
+@pytest.mark.parametrize("config", [dict(warps=8, unroll=8), dict(unroll=8),
+                                    dict(warps=16, unroll=8), dict(max_rows=8)])
 def test_tunables_n_major(config):
+    """Other warps / unroll / row steps of N-major B than the default's 4 x 16 (the former
+    default, 8 warps of 8 rows, among them)."""
     a, b = rand((3, 2049), "float16"), rand((2049, 517), "float16")
     c, _ = run_gemv(a, b, 3, **config)
     assert rel_err(c, a, b) < TOL["float16"]

@@ -529,9 +529,22 @@ def test_short_k_tiles_do_not_take_the_overlap_kernel(m, n, k):
     assert "two accumulator sets" not in c.reason
 
 
+# 64-row tiles 192 wide stay on the single-set persistent kernel (OVERLAP_BLOCK_MS): one
+# consumer warpgroup holding two 64 x 192 sets ran 0.99 x the single-set kernel on the same
+# tile (bench/NOTES.md v0.36, 30 problems of the tuning seeds).
+@pytest.mark.parametrize("m,n,k", [(320, 4352, 7616), (576, 2112, 1984), (448, 20992, 19008)])
+def test_64_row_tiles_stay_off_the_overlap_kernel(m, n, k):
+    assert -(-k // 64) >= heuristics.OVERLAP_MIN_K_BLOCKS
+    c = choose(m, n, k)
+    assert (c.schedule.name, c.config.block_m, c.config.block_n) == ("persistent", 64, 192)
+    assert "two accumulator sets" not in c.reason
+    assert c.config.block_m not in heuristics.OVERLAP_BLOCK_MS
+
+
 def test_tall_cluster_tile_reason_counts_its_waves():
     # 12 x 11 tiles of 192 x 192 = 66 pairs: one wave of 66 clusters, against the persistent
-    # kernels' best, 36 x 11 tiles of 64 x 192 in three waves of 132 SMs on the overlap kernel:
+    # kernels' best, 36 x 11 tiles of 64 x 192 in three waves of 132 SMs, rated as the overlap
+    # kernel would run them (heuristics.OVERLAP_BLOCK_MS):
     # 3 x 12288 / (0.93 x 0.95) against 36864 / 1.0 x (128 + 1) / 128 (its epilogue exposed)
     c = choose(2304, 2048, 8192)
     assert "132 tiles of 192x192 in pairs = 1.00 waves of 66 clusters of 2" in c.reason
