@@ -1044,6 +1044,14 @@ class GemvConfig:
         return (f"{dt}_m{self.max_rows}_w{self.warps}_c{self.cols}_u{self.unroll}{swap}{tc}"
                 f"{any_rows}_{layout}")
 
+    def narrow(self) -> "GemvConfig | None":
+        """The tensor-core K-major config of half the warps with twice the chunks in flight
+        each: the same bytes in flight a CTA over half the columns, so twice the column
+        blocks; None for the other loops."""
+        if not self.mma or self.trans_b or self.warps % 2:
+            return None
+        return replace(self, warps=self.warps // 2, unroll=self.unroll * 2)
+
     @classmethod
     def default(cls, dtype: str, trans_a: bool, trans_b: bool, rows: int,
                 trans_c: bool = False, mma: bool = True,
@@ -1207,11 +1215,12 @@ class GemvSchedule:
         them, with the transposed store and without, reading aligned rows or rows in place:
         every config the heuristic picks."""
         steps = [(rows, trans_c) for rows in GEMV_MAX_ROWS for trans_c in (False, True)]
-        return list(dict.fromkeys(
-            GemvConfig.default(dtype, ta, tb, rows, trans_c, mma, in_place)
-            for (rows, trans_c), dtype, ta, tb, mma, in_place
-            in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True),
-                                 (True, False), (False, True))))
+        defaults = [GemvConfig.default(dtype, ta, tb, rows, trans_c, mma, in_place)
+                    for (rows, trans_c), dtype, ta, tb, mma, in_place
+                    in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True),
+                                         (True, False), (False, True))]
+        narrow = [cfg.narrow() for cfg in defaults if cfg.narrow() is not None]
+        return list(dict.fromkeys(defaults + narrow))
 
 
 # Schedules that are not TMA/wgmma tile schedules (SCHEDULES holds those); use_schedule

@@ -218,6 +218,30 @@ def test_rows_of_eight_to_sixteen_stream_on_tensor_cores(m, n, k, b_major):
     assert c.schedule.name == ("persistent" if b_major == "n" else "gemv")
 
 
+@pytest.mark.parametrize("m,n,k,narrow", [
+    (16, 17856, 2816, True), (8, 17088, 4032, True), (6, 18880, 5696, True),
+    (16, 8192, 8192, False),     # 128 column blocks of 64 still need a split: 8 warps, split
+    (16, 28672, 8192, False),    # 224 column blocks of 128 need no split: 8 warps, unsplit
+])
+def test_narrow_tensor_core_ctas_instead_of_a_k_split(m, n, k, narrow):
+    """K-major B on tensor cores: where 128-column CTAs need a K split to keep the SMs
+    streaming and 64-column CTAs (half the warps, twice the chunks each: the same bytes in
+    flight) need none, the narrow ones run unsplit (NOTES v0.36: 1.13 x on 24 problems)."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major="k")
+    wide = GemvConfig.default("bfloat16", False, False, m)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is GemvSchedule and c.config.mma
+    if narrow:
+        assert heuristics.gemv_splits(p, wide, H100_SXM) > 1
+        assert c.config == wide.narrow() and c.splits == 1
+        assert (c.config.warps, c.config.unroll) == (wide.warps // 2, wide.unroll * 2)
+        assert c.config.inflight_bytes == wide.inflight_bytes
+        assert c.config.block_n == wide.block_n // 2
+    else:
+        assert c.config == wide
+    assert c.config in CONFIGS
+
+
 @pytest.mark.parametrize("m,n,k", [(2, 8192, 8192), (4, 8192, 8192), (3, 2816, 7488),
                                    (12, 5184, 3648), (4, 14336, 4096)])
 def test_n_major_b_from_two_rows_takes_the_tiles(m, n, k):

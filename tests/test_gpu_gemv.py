@@ -143,6 +143,19 @@ def test_tunables_k_major(config):
     assert rel_err(c, a, b) < TOL["float16"]
 
 
+@pytest.mark.parametrize("splits", [1, 3])
+@pytest.mark.parametrize("rows", [6, 8, 16])
+@pytest.mark.parametrize("k", [2056, 2049])
+def test_narrow_tensor_core_ctas(rows, k, splits):
+    """The tensor-core K-major loop on 64-column CTAs (GemvConfig.narrow: 4 warps, 8 chunks
+    each), unsplit and split, over 517 columns (a partial last block) and K of whole vectors
+    or read in place (2049: rows off 16 bytes)."""
+    a, b = rand((rows, k), "bfloat16"), rand((517, k), "bfloat16").T
+    c, choice = run_gemv(a, b, splits, mma=True, cols=1, warps=4, unroll=8)
+    assert choice.config.mma and not choice.config.trans_b and choice.config.block_n == 64
+    assert rel_err(c, a, b) < TOL["bfloat16"]
+
+
 @pytest.mark.parametrize("config", [dict(warps=8, unroll=8), dict(unroll=8),
                                     dict(warps=16, unroll=8), dict(max_rows=8)])
 def test_tunables_n_major(config):
