@@ -863,9 +863,12 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
     units = "tensor cores" if cfg.mma else "CUDA-core FMAs"
     loads = ("16-byte loads of rows read where they lie (two aligned vectors shifted into one)"
              if in_place else "16-byte loads")
+    narrowed = cfg == GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c,
+                                         cfg.mma, in_place).narrow()
     why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, {loads}, {units}), "
-           f"{col_blocks} column blocks of {cfg.block_n} x {row_groups} row group(s) of "
-           f"{cfg.max_rows} x {splits} K split(s)"
+           f"{col_blocks} column blocks of {cfg.block_n}"
+           + (" (half-width CTAs: enough of them to need no K split)" if narrowed else "")
+           + f" x {row_groups} row group(s) of {cfg.max_rows} x {splits} K split(s)"
            + (" added up in split order by each tile's last CTA" if splits > 1 else "")
            + f"; predicted {estimate:.1f} us"
            + (f" against {rival[1]} {rival[0]:.1f}" if rival is not None else "")

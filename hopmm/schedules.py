@@ -950,11 +950,11 @@ GEMV_TN_MAX_ROWS = 8
 # The tensor-core loops' unit of K (kMmaChunk: a quad of lanes x 8 elements), their K-major
 # columns per warp (the mma's 16 rows) and their N-major columns per CTA (eight n8 mmas).
 GEMV_MMA_CHUNK = 32
+GEMV_MMA_WARP_COLS = 16
+GEMV_MMA_N_MAJOR_COLS = 64
 # Rows of N-major B a CUDA-core gemv CTA has in flight (warps x unroll): 32 KB at its 256
 # columns.
 GEMV_N_MAJOR_CTA_ROWS = 64
-GEMV_MMA_WARP_COLS = 16
-GEMV_MMA_N_MAJOR_COLS = 64
 COUNTER_BYTES = 4  # one u32
 MAX_GRID_Y = 65535  # CUDA's limit on gridDim.y (gemv's K splits)
 

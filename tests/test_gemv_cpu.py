@@ -239,6 +239,7 @@ def test_narrow_tensor_core_ctas_instead_of_a_k_split(m, n, k, narrow):
         assert c.config.block_n == wide.block_n // 2
     else:
         assert c.config == wide
+    assert ("half-width CTAs" in c.reason) == narrow
     assert c.config in CONFIGS
 
 
