@@ -229,6 +229,7 @@ def test_narrow_tensor_core_ctas_instead_of_a_k_split(m, n, k, narrow):
     flight) need none, the narrow ones run unsplit (NOTES v0.36: 1.13 x on 24 problems)."""
     p = Problem(m, n, k, 1, "bfloat16", b_major="k")
     wide = GemvConfig.default("bfloat16", False, False, m)
+    assert heuristics.gemv_splits(p, wide, H100_SXM) > 1 or not narrow
     c = heuristics.choose(p, H100_SXM)
     assert c.schedule is GemvSchedule and c.config.mma
     if narrow:
@@ -241,6 +242,19 @@ def test_narrow_tensor_core_ctas_instead_of_a_k_split(m, n, k, narrow):
         assert c.config == wide
     assert ("half-width CTAs" in c.reason) == narrow
     assert c.config in CONFIGS
+
+
+@pytest.mark.parametrize("m,n,k", [(15104, 6, 13568), (18176, 16, 4608)])
+def test_narrow_ctas_not_where_a_is_gathered(m, n, k):
+    """Few columns run as C^T = B^T A^T, whose A (the problem's row-major B) is M-major and
+    gathered element by element: there the narrow CTAs ran 0.84 x the wide ones (14 problems,
+    NOTES v0.36), so the wide config keeps its split."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major="n")
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is GemvSchedule and c.config.trans_c and c.config.trans_a
+    assert c.config.mma and c.config.narrow() is None
+    assert c.config == GemvConfig.default("bfloat16", True, False, n, True)
+    assert "half-width CTAs" not in c.reason
 
 
 @pytest.mark.parametrize("m,n,k", [(2, 8192, 8192), (4, 8192, 8192), (3, 2816, 7488),
