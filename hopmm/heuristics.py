@@ -816,15 +816,15 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
 
 
 def _unsplit_narrow(problem: Problem, cfg: GemvConfig, splits: int,
-                    device: DeviceInfo) -> tuple[GemvConfig, int]:
-    """(config, splits): the narrow config (GemvConfig.narrow) where its twice as many
-    column blocks keep the SMs busy without the K split that `cfg` needs. Its tiles then skip
-    the split's partials and the last CTA's sum: 1.09-1.41 x on the four such problems of a
-    seeded decode set, where with splits on both sides it ranged 0.90-1.06 (NOTES v0.36)."""
+                    device: DeviceInfo) -> GemvConfig | None:
+    """The narrow config (GemvConfig.narrow) where its twice as many column blocks keep the
+    SMs busy without the K split that `cfg` needs, else None. Its tiles then skip the split's
+    partials and the last CTA's sum: 1.09-1.41 x on the four such problems of a seeded decode
+    set, where with splits on both sides it ranged 0.90-1.06 (NOTES v0.36)."""
     narrow = cfg.narrow()
     if splits == 1 or narrow is None or gemv_splits(problem, narrow, device) > 1:
-        return cfg, splits
-    return narrow, 1
+        return None
+    return narrow
 
 
 def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
@@ -853,9 +853,12 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
         cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c, mma,
                                  in_place)
         splits = gemv_splits(problem, cfg, device)
-        cfg, splits = _unsplit_narrow(problem, cfg, splits, device)
-        options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits))
-    estimate, _, cfg, splits = min(options)
+        narrow = _unsplit_narrow(problem, cfg, splits, device)
+        if narrow is not None:
+            cfg, splits = narrow, 1
+        options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits,
+                        narrow is not None))
+    estimate, _, cfg, splits, narrowed = min(options, key=lambda o: o[:2])
     if not forced and rival is not None and estimate >= rival[0]:
         return None
     row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
@@ -863,8 +866,6 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
     units = "tensor cores" if cfg.mma else "CUDA-core FMAs"
     loads = ("16-byte loads of rows read where they lie (two aligned vectors shifted into one)"
              if in_place else "16-byte loads")
-    narrowed = cfg == GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c,
-                                         cfg.mma, in_place).narrow()
     why = (f"gemv: {streamed} ({'N' if kp.trans_b else 'K'}-major, {loads}, {units}), "
            f"{col_blocks} column blocks of {cfg.block_n}"
            + (" (half-width CTAs: enough of them to need no K split)" if narrowed else "")

@@ -1221,7 +1221,7 @@ class GemvSchedule:
                     for (rows, trans_c), dtype, ta, tb, mma, in_place
                     in itertools.product(steps, KERNEL_DTYPES, (False, True), (False, True),
                                          (True, False), (False, True))]
-        narrow = [cfg.narrow() for cfg in defaults if cfg.narrow() is not None]
+        narrow = [n for cfg in defaults if (n := cfg.narrow()) is not None]
         return list(dict.fromkeys(defaults + narrow))
 
 
