@@ -22,12 +22,7 @@ __device__ __forceinline__ void split_k_cluster_gemm(const TensorMap* map_a,
     run_one_tile<Cfg, Producer, Consumer>(
         map_a, map_b, map_c, batch_offset, batch_a, batch_b, raster, epilogue,
         [&] { return k_slice(S::k_blocks(k), gridDim.y, blockIdx.y); }, [] {},
-        [] { Epilogue::producer_join(); },
-        [&](Consumer& state, const SharedStorage<Cfg>& smem, int consumer, int thread, int row0,
-            int n0, int z) {
-            Epilogue::store(state.acc, map_c, smem, consumer, thread, row0, n0, z);
-            Epilogue::finish(thread);
-        });
+        [] { Epilogue::producer_join(); }, store_through<Cfg, Consumer, Epilogue>(map_c));
 }
 
 }  // namespace hopmm

@@ -54,6 +54,17 @@ __device__ __forceinline__ void run_one_tile(const TensorMap* map_a, const Tenso
     }
 }
 
+// run_one_tile's `store` for epilogues that write the tile through map_c alone (no split-K
+// workspace).
+template <class Cfg, class Consumer, class Epilogue>
+__device__ __forceinline__ auto store_through(const TensorMap* map_c) {
+    return [map_c](Consumer& state, const SharedStorage<Cfg>& smem, int consumer, int thread,
+                   int row0, int n0, int z) {
+        Epilogue::store(state.acc, map_c, smem, consumer, thread, row0, n0, z);
+        Epilogue::finish(thread);
+    };
+}
+
 template <class Cfg, class Producer, class Consumer, class Epilogue>
 __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, const TensorMap* map_b,
                                                       const TensorMap* map_c, int k,
@@ -65,11 +76,7 @@ __device__ __forceinline__ void warp_specialized_gemm(const TensorMap* map_a, co
     run_one_tile<Cfg, Producer, Consumer>(
         map_a, map_b, map_c, batch_offset, batch_a, batch_b, raster, epilogue,
         [&] { return KSlice{0, S::k_blocks(k)}; }, [] {}, [] {},
-        [&](Consumer& state, const SharedStorage<Cfg>& smem, int consumer, int thread, int row0,
-            int n0, int z) {
-            Epilogue::store(state.acc, map_c, smem, consumer, thread, row0, n0, z);
-            Epilogue::finish(thread);
-        });
+        store_through<Cfg, Consumer, Epilogue>(map_c));
 }
 
 }  // namespace hopmm
