@@ -4,13 +4,14 @@ error)."""
 from __future__ import annotations
 
 import functools
+import math
 import os
 from dataclasses import dataclass, field, fields
 
 from . import device as device_mod
 from . import epilogue as epilogue_mod
 from . import fastpath, heuristics, interop, launch, layout, operands, tuning, validation
-from .problem import KERNEL_DTYPES
+from .problem import KERNEL_DTYPES, Problem
 from .schedules import DUAL_B_SCHEDULES, GemvSchedule
 
 GEMV = GemvSchedule.name
@@ -145,10 +146,32 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
     # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
     if _output_store(out, shapes, a.itemsize) == "copy":
         copied += shapes.batch * shapes.m * shapes.n * a.itemsize
-    reason = heuristics.copy_route_reason(shapes.m, shapes.n, shapes.k, shapes.batch, copied)
+    reason = heuristics.copy_route_reason(_copied_problem(a, b, shapes), dev, copied,
+                                          _row_alignment(a, b, shapes))
     if reason and plain and _in_place_gemv(a, b, shapes, dev) is not None:
         return None
     return reason
+
+
+def _copied_problem(a, b, shapes: layout.MatmulShapes) -> Problem:
+    """The problem hopmm's kernels would run on the aligned copies: each operand keeps the axis
+    it runs along (row-major where it has no unit stride)."""
+    majors = []
+    for x, is_vector, axis in ((a, shapes.a_is_vector, 0), (b, shapes.b_is_vector, 1)):
+        x2 = _as_matrix_stack(x, is_vector, axis)
+        majors.append(layout.element_major(x2.shape[-2:], x2.strides[-2:], x.itemsize) or "cols")
+    return Problem(shapes.m, shapes.n, shapes.k, shapes.batch, a.dtype.name,
+                   "k" if majors[0] == "cols" else "m", "n" if majors[1] == "cols" else "k")
+
+
+def _row_alignment(a, b, shapes: layout.MatmulShapes) -> int:
+    """The largest power of two up to 8 bytes (the model's largest) that divides the operands'
+    base addresses and strides and the result's row pitch: the alignment cuBLAS reads and
+    writes rows at."""
+    align = math.gcd(max(heuristics.CUBLAS_UNALIGNED_TBPS), shapes.n * a.itemsize)
+    for x in (a, b):
+        align = math.gcd(align, x.data.ptr, *x.strides)
+    return align
 
 
 def _unaligned_operand_bytes(a, b, shapes: layout.MatmulShapes) -> int:

@@ -667,26 +667,66 @@ def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: floa
 
 
 # Operands TMA cannot read in place (rows not a multiple of 16 bytes) are copied into aligned
-# buffers first, two bytes of traffic per byte; cuBLAS reads them in place. Where that copy at
-# COPY_TBPS takes longer than COPY_ROUTE_RATIO times the product's compute floor at
-# FLOOR_TFLOPS (at least MIN_CALL_US, below which launches set the pace), the copy alone
-# outlasts cuBLAS's whole call and the call goes to cupy.matmul (bench/NOTES.md v0.17).
+# buffers first, two bytes of traffic per byte at COPY_TBPS; cuBLAS reads them in place, but on
+# such rows its kernels run far below their aligned speed. The call goes to cupy.matmul where
+# the copies plus the product on hopmm's kernels take longer than cuBLAS on the unaligned rows:
+# - the product: the heuristic's own estimate of the aligned problem (_choice_us) times
+#   COPY_PATH_BIAS, the median of measured over estimated time of that path on the tuning
+#   sweeps' unaligned problems (the estimates leave out the copies' effect on L2 and clocks);
+# - cuBLAS (cublas_unaligned_us): the operands and result moved at CUBLAS_UNALIGNED_TBPS and
+#   the product computed at CUBLAS_UNALIGNED_TFLOPS on its short side rounded up to whole
+#   CUBLAS_TILE tiles, by the rows' alignment in bytes (the largest power of two up to 8 that
+#   divides every pitch): fitted to cuBLAS's times on the 496 unaligned problems of the tuning
+#   sweeps (rms error 18 % at 2 bytes, 24-26 % at 4 and 8; bench/NOTES.md v0.37).
+# Copies shorter than MIN_CALL_US (below which launches set the pace) never route a call.
+# Where the heuristic has no estimate (gemv, the one-tile and cluster kernels), the copy alone
+# is weighed against COPY_ROUTE_RATIO times the product's compute floor at FLOOR_TFLOPS (at
+# least MIN_CALL_US), as before v0.37.
 COPY_TBPS = 3.0
 FLOOR_TFLOPS = 800.0
 COPY_ROUTE_RATIO = 4.0
 MIN_CALL_US = 2.5
+COPY_PATH_BIAS = 1.3
+CUBLAS_UNALIGNED_TBPS = {2: 1.0, 4: 1.4, 8: 1.4}
+CUBLAS_UNALIGNED_TFLOPS = {2: 115.0, 4: 180.0, 8: 180.0}
+CUBLAS_TILE = 128
 
 
-def copy_route_reason(m: int, n: int, k: int, batch: int, copied_bytes: int) -> str | None:
-    """Why a call whose aligned copies move `copied_bytes` goes to cupy.matmul, or None."""
+def cublas_unaligned_us(problem: Problem, align: int) -> float:
+    """cuBLAS's modelled time for `problem` on rows aligned to `align` bytes (2, 4 or 8)."""
+    p = problem
+    short, long = min(p.m, p.n), max(p.m, p.n)
+    padded = -(-short // CUBLAS_TILE) * CUBLAS_TILE
+    moved = _operand_bytes(p) + _result_bytes(p)
+    flops = 2 * p.batch * padded * long * p.k
+    return max(moved / (CUBLAS_UNALIGNED_TBPS[align] * 1e6),
+               flops / (CUBLAS_UNALIGNED_TFLOPS[align] * 1e6))
+
+
+def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
+                      align: int) -> str | None:
+    """Why a call whose aligned copies move `copied_bytes` goes to cupy.matmul, or None.
+    `problem`: the product as hopmm's kernels would run it on the copies; `align`: the rows'
+    alignment in bytes (2, 4 or 8)."""
+    p = problem
     copy_us = 2 * copied_bytes / (COPY_TBPS * 1e6)
-    compute_us = max(2 * m * n * k * batch / (FLOOR_TFLOPS * 1e6), MIN_CALL_US)
-    if copied_bytes == 0 or copy_us <= COPY_ROUTE_RATIO * compute_us:
+    if copy_us < MIN_CALL_US:   # copies shorter than a launch cannot decide the route
         return None
-    return (f"rows not a multiple of 16 bytes: the aligned copies hopmm's kernels need move "
-            f"{copied_bytes / 1e6:.1f} MB ({copy_us:.1f} us at {COPY_TBPS} TB/s), more than "
-            f"{COPY_ROUTE_RATIO:g}x the product's compute floor ({compute_us:.1f} us); "
-            f"cuBLAS reads such rows in place")
+    copies = (f"rows not a multiple of 16 bytes: the aligned copies hopmm's kernels need move "
+              f"{copied_bytes / 1e6:.1f} MB ({copy_us:.1f} us at {COPY_TBPS} TB/s)")
+    product_us = _choice_us(choose(p, device), p, device)
+    if product_us is None:
+        compute_us = max(2 * p.m * p.n * p.k * p.batch / (FLOOR_TFLOPS * 1e6), MIN_CALL_US)
+        if copy_us <= COPY_ROUTE_RATIO * compute_us:
+            return None
+        return (f"{copies}, more than {COPY_ROUTE_RATIO:g}x the product's compute floor "
+                f"({compute_us:.1f} us); cuBLAS reads such rows in place")
+    ours = copy_us + COPY_PATH_BIAS * product_us
+    theirs = cublas_unaligned_us(p, align)
+    if ours <= theirs:
+        return None
+    return (f"{copies}, then the product (~{COPY_PATH_BIAS * product_us:.1f} us): more than "
+            f"cuBLAS's ~{theirs:.1f} us reading such rows in place ({align}-byte rows)")
 
 
 # The one-kernel shared-A products (schedules.DUAL_B_SCHEDULES) against the composed path (one

@@ -1,6 +1,8 @@
 """CPU: the heuristic is a pure function of the problem and the device description."""
 import functools
 
+import math
+
 import pytest
 
 from hopmm import heuristics
@@ -793,20 +795,44 @@ def test_forced_parallel_takes_any_count_the_bound_allows():
     assert SplitKParallelSchedule.workspace_shape(p, c.config, 3, 1) == (3, 256, 256)
 
 
-# Sweep seed 1 on an H100 (bench/NOTES.md v0.17, x best cuBLAS with aligned copies of A, B, C).
-@pytest.mark.parametrize("m,n,k,copied,routed", [
-    (7481, 18, 29922, 7481 * 29922 * 2 + 29922 * 18 * 2 + 7481 * 18 * 2, True),   # 0.26
-    (16030, 2389, 29, (16030 * 29 + 29 * 2389 + 16030 * 2389) * 2, True),         # 0.30
-    (100, 4209, 6449, (100 * 6449 + 6449 * 4209 + 100 * 4209) * 2, True),         # 0.44
-    (2984, 4320, 3549, 2984 * 3549 * 2, False),   # compute-bound: the copy is a small share
-    (17, 5, 23, (17 * 23 + 23 * 5 + 17 * 5) * 2, False),   # tiny: launches set the pace
-    (4096, 4096, 4096, 0, False),
+def _copied_bytes(m: int, n: int, k: int) -> int:
+    """Bytes of the row-major operands whose rows are not 16-byte aligned."""
+    return (m * k * 2 if k % 8 else 0) + (k * n * 2 if n % 8 else 0)
+
+
+# hopmm on its aligned copies against the best cuBLAS, measured on an H100 (bench/NOTES.md
+# v0.37, tuning sweeps' problems).
+@pytest.mark.parametrize("m,n,k,dtype,routed", [
+    (63, 29821, 2013, "bfloat16", True),      # 0.82: the copies outlast cuBLAS's gap
+    (18, 12634, 26658, "float16", True),      # 0.36: cuBLAS streams 4-byte rows at 2.4 TB/s
+    (133, 7765, 974, "float16", False),       # 1.75: cuBLAS computes 256 rows for 133
+    (13398, 132, 12721, "float16", False),    # 1.46: likewise 132 columns
+    (2984, 4320, 3549, "float16", False),     # compute-bound: the copy is a small share
+    (17, 5, 23, "float16", False),            # tiny: launches set the pace
+    (4096, 4096, 4096, "float16", False),     # nothing copied
 ])
-def test_calls_whose_aligned_copies_outlast_cublas_go_to_cupy(m, n, k, copied, routed):
-    reason = heuristics.copy_route_reason(m, n, k, 1, copied)
+def test_calls_whose_aligned_copies_outlast_cublas_go_to_cupy(m, n, k, dtype, routed):
+    align = math.gcd(8, 2 * k, 2 * n)
+    reason = heuristics.copy_route_reason(Problem(m, n, k, 1, dtype), H100_SXM,
+                                          _copied_bytes(m, n, k), align)
     assert (reason is not None) == routed
     if routed:
-        assert "cuBLAS reads such rows in place" in reason and "MB" in reason
+        assert reason.startswith("rows not a multiple of 16 bytes") and "MB" in reason
+        assert "cuBLAS" in reason and f"{align}-byte rows" in reason
+
+
+def test_cublas_model_on_unaligned_rows():
+    """cuBLAS on rows of 2 bytes: the operands moved at 1 TB/s or the product computed at 115
+    TFLOP/s on its short side in whole tiles of 128, whichever takes longer."""
+    p = Problem(6000, 100, 12001, 1, "float16")
+    moved = (6000 + 100) * 12001 * 2 + 6000 * 100 * 2
+    tile_flops = 2 * 128 * 6000 * 12001
+    assert heuristics.cublas_unaligned_us(p, 2) == pytest.approx(
+        max(moved / 1e6, tile_flops / 115e6))
+    # 129 columns take two tiles; on 4-byte rows cuBLAS is faster.
+    wide = Problem(6000, 129, 12001, 1, "float16")
+    assert heuristics.cublas_unaligned_us(wide, 2) == pytest.approx(2 * tile_flops / 115e6)
+    assert heuristics.cublas_unaligned_us(p, 4) < heuristics.cublas_unaligned_us(p, 2)
 
 
 # An epilogue that reads bias or c waits on one load per pair on the overlap kernels (their

@@ -183,11 +183,14 @@ def test_a_result_stored_by_rows_does_not_count_toward_the_copy_route(simulated_
     """Short K, odd N: only B's small copy is made (the result is stored by rows), so the
     call runs on hopmm's kernels; counting the result's copy (32 MB) would have routed it."""
     from hopmm import heuristics
+    from hopmm.device import H100_SXM
+    from hopmm.problem import Problem
 
     a, b = rand((4000, 64)), rand((64, 4001))
     assert hopmm.plan(a, b).path == "kernel"
     result_bytes = 4000 * 4001 * 2
-    assert heuristics.copy_route_reason(4000, 4001, 64, 1, b.nbytes + result_bytes) is not None
+    problem = Problem(4000, 4001, 64, 1, a.dtype.name)
+    assert heuristics.copy_route_reason(problem, H100_SXM, b.nbytes + result_bytes, 2) is not None
     assert "stores the rows itself" in hopmm.explain(a, b)
 
 
