@@ -671,8 +671,8 @@ def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: floa
 # such rows its kernels run far below their aligned speed. The call goes to cupy.matmul where
 # the copies plus the product on hopmm's kernels take longer than cuBLAS on the unaligned rows:
 # - the product: the heuristic's own estimate of the aligned problem (_choice_us) times
-#   COPY_PATH_BIAS, the median of measured over estimated time of that path on the tuning
-#   sweeps' unaligned problems (the estimates leave out the copies' effect on L2 and clocks);
+#   COPY_PATH_BIAS, for the estimates' optimism on that path (they ran at a median 0.82 of its
+#   measured time on the tuning sweeps' unaligned problems; 1.3 routed those best);
 # - cuBLAS (cublas_unaligned_us): the operands and result moved at CUBLAS_UNALIGNED_TBPS and
 #   the product computed at CUBLAS_UNALIGNED_TFLOPS on its short side rounded up to whole
 #   CUBLAS_TILE tiles, by the rows' alignment in bytes (the largest power of two up to 8 that
