@@ -114,18 +114,10 @@ __device__ __forceinline__ uint4 ld_aligned_v4(const void* p) {
     else return ld_cached_v4(p);
 }
 
-// Eight 16-bit elements from p, which need only be 2-byte aligned: the aligned vector holding
-// the first and, where p is not aligned and the first `valid` elements reach past it, the next
-// aligned vector, shifted into one by selects and byte permutes (no dynamic register index,
-// so no local memory). Elements from `valid` on are undefined; valid >= 1.
-template <bool kStream>
-__device__ __forceinline__ uint4 ld_any_v4(const unsigned short* p, int valid) {
-    const unsigned long long at = reinterpret_cast<unsigned long long>(p);
-    const u32 shift = static_cast<u32>(at) & 15u;   // bytes, even
-    const uint4* lo_at = reinterpret_cast<const uint4*>(at - shift);
-    const uint4 lo = ld_aligned_v4<kStream>(lo_at);
-    const uint4 hi =
-        shift + 2u * valid > 16u ? ld_aligned_v4<kStream>(lo_at + 1) : make_uint4(0, 0, 0, 0);
+// Eight 16-bit elements starting `shift` bytes (even, below 16) into `lo`, the rest from `hi`,
+// shifted into one by selects and byte permutes (no dynamic register index, so no local
+// memory).
+__device__ __forceinline__ uint4 shifted_v4(const uint4& lo, const uint4& hi, u32 shift) {
     const u32 w[kGemvVec] =   // the words of both vectors
         {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
     u32 by8[6], by4[5];   // shifted by 8 bytes where shift has 8, then by 4 where it has 4
@@ -140,6 +132,21 @@ __device__ __forceinline__ uint4 ld_any_v4(const unsigned short* p, int valid) {
     for (int j = 0; j < 4; ++j)
         asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out[j]) : "r"(by4[j]), "r"(by4[j + 1]), "r"(select));
     return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
+// Eight 16-bit elements from p, which need only be 2-byte aligned: the aligned vector holding
+// the first and, where p is not aligned and the first `valid` elements reach past it, the next
+// aligned vector, shifted into one (shifted_v4). Elements from `valid` on are undefined;
+// valid >= 1.
+template <bool kStream>
+__device__ __forceinline__ uint4 ld_any_v4(const unsigned short* p, int valid) {
+    const unsigned long long at = reinterpret_cast<unsigned long long>(p);
+    const u32 shift = static_cast<u32>(at) & 15u;   // bytes, even
+    const uint4* lo_at = reinterpret_cast<const uint4*>(at - shift);
+    const uint4 lo = ld_aligned_v4<kStream>(lo_at);
+    const uint4 hi =
+        shift + 2u * valid > 16u ? ld_aligned_v4<kStream>(lo_at + 1) : make_uint4(0, 0, 0, 0);
+    return shifted_v4(lo, hi, shift);
 }
 
 // A vector of a row at p whose first `valid` elements are used: an aligned load, or, where
