@@ -166,11 +166,13 @@ def _copied_problem(a, b, shapes: layout.MatmulShapes) -> Problem:
 
 def _row_alignment(a, b, shapes: layout.MatmulShapes) -> int:
     """The largest power of two up to 8 bytes (the model's largest) that divides the operands'
-    base addresses and strides and the result's row pitch: the alignment cuBLAS reads and
+    base addresses and pitches and the result's row pitch: the alignment cuBLAS reads and
     writes rows at."""
     align = math.gcd(max(heuristics.CUBLAS_UNALIGNED_TBPS), shapes.n * a.itemsize)
     for x in (a, b):
-        align = math.gcd(align, x.data.ptr, *x.strides)
+        # Strides of one element (the rows' own) and of axes of extent 1 are never pitches.
+        pitches = [s for e, s in zip(x.shape, x.strides) if e > 1 and abs(s) != x.itemsize]
+        align = math.gcd(align, x.data.ptr, *pitches)
     return align
 
 

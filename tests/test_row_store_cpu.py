@@ -194,6 +194,26 @@ def test_a_result_stored_by_rows_does_not_count_toward_the_copy_route(simulated_
     assert "stores the rows itself" in hopmm.explain(a, b)
 
 
+def test_what_the_copy_route_weighs(simulated_gpu):
+    """The copy route's inputs: the product as it would run on the copies (each operand along
+    its own contiguous axis) and the rows' alignment cuBLAS reads them at (the largest power of
+    two up to 8 bytes dividing the bases, the strides and the result's pitch)."""
+    def shapes(a, b):
+        return layout.matmul_shapes(a.shape, b.shape)
+
+    a, b = fake(np.zeros((300, 98), BF16)), fake(np.zeros((98, 62), BF16))
+    assert a.data.ptr % 16 == 0 and b.data.ptr % 16 == 0
+    assert api._row_alignment(a, b, shapes(a, b)) == 4          # 196- and 124-byte rows
+    a2 = fake(np.zeros((300, 97), BF16))
+    assert api._row_alignment(a2, b[:97], shapes(a2, b[:97])) == 2   # 194-byte rows
+    a8, b8 = fake(np.zeros((300, 100), BF16)), fake(np.zeros((100, 64), BF16))
+    assert api._row_alignment(a8, b8, shapes(a8, b8)) == 8          # 200- and 128-byte rows
+    p = api._copied_problem(a, b, shapes(a, b))
+    assert (p.m, p.n, p.k, p.a_major, p.b_major) == (300, 62, 98, "k", "n")
+    bt = fake(np.zeros((62, 98), BF16)).T                      # B stored as its transpose
+    assert api._copied_problem(a, bt, shapes(a, bt)).b_major == "k"
+
+
 def test_a_call_the_overlap_kernel_would_copy_runs_on_the_single_set_kernel(simulated_gpu):
     """400 x 5001 x 1024: the heuristic's 128 x 192 overlap tile has no registers for the row
     store; the call runs the same tile on the persistent kernel, storing its rows itself, and
