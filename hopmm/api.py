@@ -146,6 +146,8 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
     # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
     if _output_store(out, shapes, a.itemsize) == "copy":
         copied += shapes.batch * shapes.m * shapes.n * a.itemsize
+    if copied == 0:
+        return None
     reason = heuristics.copy_route_reason(_copied_problem(a, b, shapes), dev, copied,
                                           _row_alignment(a, b, shapes))
     if reason and plain and _in_place_gemv(a, b, shapes, dev) is not None:
@@ -156,12 +158,11 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
 def _copied_problem(a, b, shapes: layout.MatmulShapes) -> Problem:
     """The problem hopmm's kernels would run on the aligned copies: each operand keeps the axis
     it runs along (row-major where it has no unit stride)."""
-    majors = []
+    axes = []
     for x, is_vector, axis in ((a, shapes.a_is_vector, 0), (b, shapes.b_is_vector, 1)):
         x2 = _as_matrix_stack(x, is_vector, axis)
-        majors.append(layout.element_major(x2.shape[-2:], x2.strides[-2:], x.itemsize) or "cols")
-    return Problem(shapes.m, shapes.n, shapes.k, shapes.batch, a.dtype.name,
-                   "k" if majors[0] == "cols" else "m", "n" if majors[1] == "cols" else "k")
+        axes.append(layout.element_major(x2.shape[-2:], x2.strides[-2:], x.itemsize) or "cols")
+    return operands.problem_of(shapes, a.dtype.name, *axes)
 
 
 def _row_alignment(a, b, shapes: layout.MatmulShapes) -> int:

@@ -85,13 +85,20 @@ def _batch_views(a, b, shapes: layout.MatmulShapes) -> tuple:
             operand3d(as_matrix_stack(b, shapes.b_is_vector, 1), shapes.batch_shape))
 
 
+def problem_of(shapes: layout.MatmulShapes, dtype: str, a_axis: str, b_axis: str,
+               b_pitch_aligned: bool = True) -> Problem:
+    """The Problem of a call whose operands run along `a_axis` and `b_axis` ("cols" or
+    "rows": their contiguous axes)."""
+    return Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch, dtype=dtype,
+                   a_major="k" if a_axis == "cols" else "m",
+                   b_major="n" if b_axis == "cols" else "k", b_pitch_aligned=b_pitch_aligned)
+
+
 def _operands(a, b, shapes: layout.MatmulShapes, a3, a_map, a_axis: str, b3, b_map,
               b_axis: str, b_pitch_aligned: bool, views: dict) -> KernelOperands:
     """KernelOperands of the (nb, r, c) arrays the kernel reads, `a_axis` and `b_axis` their
     contiguous axes ("cols" or "rows")."""
-    problem = Problem(m=shapes.m, n=shapes.n, k=shapes.k, batch=shapes.batch,
-                      dtype=a.dtype.name, a_major="k" if a_axis == "cols" else "m",
-                      b_major="n" if b_axis == "cols" else "k", b_pitch_aligned=b_pitch_aligned)
+    problem = problem_of(shapes, a.dtype.name, a_axis, b_axis, b_pitch_aligned)
     # Views keep the caller's base pointer; any copy (materialised broadcast, a reshape that
     # could not be a view, an aligned buffer) has its own.
     copies = [name for name, x3, x in (("a", a3, a), ("b", b3, b)) if x3.data.ptr != x.data.ptr]

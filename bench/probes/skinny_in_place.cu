@@ -16,10 +16,6 @@ constexpr int AVECS = KB / 8 + 1;          // aligned vectors covering a row's k
 constexpr int APITCH = AVECS * 8;          // elements (144 B)
 constexpr int BPITCH = KB + 8;             // elements (144 B): conflict-free ldmatrix rows
 
-__device__ __forceinline__ u32 smem_u32(const void* p) {
-    return static_cast<u32>(__cvta_generic_to_shared(p));
-}
-
 __device__ __forceinline__ void cp_async16(u32 dst, const void* src, int bytes) {
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(dst), "l"(src), "r"(bytes));
 }
@@ -52,13 +48,13 @@ __device__ __forceinline__ void skinny(const unsigned short* __restrict__ A, lon
             const unsigned long long at = reinterpret_cast<unsigned long long>(rp + kb * KB);
             const unsigned long long base = (at & ~15ull) + 16ull * v;
             const unsigned long long end = reinterpret_cast<unsigned long long>(rp + K);
-            cp_async16(smem_u32(as + r * APITCH + v * 8), reinterpret_cast<const void*>(base),
+            cp_async16(smem_addr(as + r * APITCH + v * 8), reinterpret_cast<const void*>(base),
                        base < end ? 16 : 0);
         }
         unsigned short* bs = b_stage(s);
         for (int i = threadIdx.x; i < NT * 8; i += W * 32) {
             const int n = i / 8, v = i % 8;
-            cp_async16(smem_u32(bs + n * BPITCH + v * 8),
+            cp_async16(smem_addr(bs + n * BPITCH + v * 8),
                        Bp + static_cast<long long>(n) * kp + kb * KB + v * 8, 16);
         }
     };
@@ -149,7 +145,7 @@ __device__ __forceinline__ void skinny(const unsigned short* __restrict__ A, lon
                     u32 b0, b1, b2, b3;
                     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
                                  : "=r"(b0), "=r"(b1), "=r"(b2), "=r"(b3)
-                                 : "r"(smem_u32(bs + n * BPITCH + kk)));
+                                 : "r"(smem_addr(bs + n * BPITCH + kk)));
 #pragma unroll
                     for (int r = 0; r < R; ++r) {
                         const u32 a0 = word(av[r][0], 2 * h), a1 = word(av[r][1], 2 * h);
