@@ -203,6 +203,16 @@ TILE_SPEED[BLOCK_M, NARROW_BLOCK_N] = (TILE_SPEED[BLOCK_M, 128] * NARROW_BLOCK_N
 # fill the SMs that 128-row tiles leave idle in their last (or only) wave.
 TILE_SPEED.update({(WGMMA_M, 128): 0.75, (WGMMA_M, 192): 0.93, (WGMMA_M, 256): 0.94})
 SHORT_TILE_MIN_GAIN = 1.05
+# Where the 64 x 128 tiles run in one round (a CTA for every tile at once) over a main loop of
+# at most ONE_ROUND_SHORT_MAX_K_BLOCKS, a split must beat their wave model by
+# ONE_ROUND_SHORT_GAIN, not SPLIT_K_MIN_GAIN, and the narrow tile does not take the problem
+# from them. On the 39 problems of the tuning seeds that this moved (from a split, or from the
+# narrow tile) the 64 x 128 tiles ran 1.081 x faster (geomean; 0.89-1.39, 26 faster by 3 %+,
+# 6 slower): the split models' estimates were 1.06-1.3 x ahead of the wave model's where
+# these won, a split's hand-off and reduction being a large share of a short main loop; past
+# that many k-blocks a split's extra CTAs streamed faster (bench/NOTES.md v0.38).
+ONE_ROUND_SHORT_GAIN = 1.3
+ONE_ROUND_SHORT_MAX_K_BLOCKS = 224
 # The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
 # and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED:
 # fitted together to sustained runs at the power limit, the regime of long runs of large GEMMs
@@ -661,9 +671,20 @@ def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: floa
     if not _short_tiles_fit(problem) or _b_rows_unaligned(problem):
         return False
     rival = _persistent_choice(problem, device, None, epilogue_reads=False)
+    gain = (ONE_ROUND_SHORT_GAIN if _short_tiles_in_one_round(problem, device, rival.config)
+            else SPLIT_K_MIN_GAIN)
     return (rival.config.block_m == WGMMA_M and rival.schedule in TAIL_MAIN_SCHEDULES
             and _persistent_us(rival.schedule, problem, device, rival.config)
-            < split_us * SPLIT_K_MIN_GAIN)
+            < split_us * gain)
+
+
+def _short_tiles_in_one_round(problem: Problem, device: DeviceInfo, cfg: KernelConfig) -> bool:
+    """Whether `cfg` is the 64 x 128 tile (FEW_ROWS_TILE, the 64-row tile of the most CTAs) of a
+    problem of more rows than it (_short_tiles_fit), its grid runs in one round and its main
+    loop is short enough (ONE_ROUND_SHORT_GAIN)."""
+    return (_short_tiles_fit(problem) and (cfg.block_m, cfg.block_n) == FEW_ROWS_TILE
+            and _tiles(problem, *FEW_ROWS_TILE) <= device.sm_count
+            and _k_blocks(problem) <= ONE_ROUND_SHORT_MAX_K_BLOCKS)
 
 
 # Operands TMA cannot read in place (rows not a multiple of 16 bytes) are copied into aligned
@@ -1183,9 +1204,11 @@ def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | Non
     base = SCHEDULES[schedule or PersistentSchedule.name]
     forced = schedule is not None
     sched, cfg, why = _persistent_tile(base, problem, device, forced, epilogue_reads, short)
-    if not forced and cfg.block_m == WGMMA_M and _narrow_by_waves_range(problem):
-        # The narrow tile keeps the problems the wave model gives it over the 128-row tiles:
-        # there the 64-row tiles ran 0.87-0.92 x it (NOTES v0.33).
+    one_round = _short_tiles_in_one_round(problem, device, cfg)
+    if not forced and cfg.block_m == WGMMA_M and _narrow_by_waves_range(problem) \
+            and not one_round:
+        # The narrow tile keeps the problems the wave model gives it over the 128-row tiles
+        # past one round of 64-row tiles: there these ran 0.87-0.92 x it (NOTES v0.33).
         whole = _persistent_tile(base, problem, device, forced, epilogue_reads, short=False)
         if _narrow_by_waves(problem, device, whole[0], whole[1]) is not None:
             sched, cfg, why = whole
@@ -1200,7 +1223,13 @@ def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | Non
             if paired is not None:
                 sched, cfg, pairing = paired
                 why = f"{why}; {pairing}"
-        narrow = _narrow_by_waves(problem, device, sched, cfg)
+        narrow = None if one_round else _narrow_by_waves(problem, device, sched, cfg)
+        if one_round:
+            why += (f"; one round of {cfg.block_m}x{cfg.block_n} tiles over at most "
+                    f"{ONE_ROUND_SHORT_MAX_K_BLOCKS} k-blocks "
+                    f"({_persistent_us(sched, problem, device, cfg):.1f} us by the wave "
+                    f"model): a split must beat that by {ONE_ROUND_SHORT_GAIN} x, and the "
+                    f"narrow tile does not take the problem")
         if narrow is not None:
             sched, (cfg, why) = PersistentSchedule, narrow
         if _store_bound(problem, device):

@@ -22,10 +22,11 @@ CASES = {
     "unsplit_short_k": (9000, 48, 40, "persistent"),
     "split": (2752, 64, 16192, "split_k_cluster"),
     "split_odd": (1664, 37, 22339, "split_k_cluster"),
-    # 65-256 columns where the wave model takes the narrow tile: two and three N-tiles
-    "waves_128": (5312, 128, 2112, "persistent"),
+    # 65-256 columns where the wave model takes the narrow tile: two and three N-tiles (past
+    # one round of 64 x 128 tiles, which keep fewer rows: heuristics.ONE_ROUND_SHORT_GAIN)
+    "waves_128": (16000, 128, 2112, "persistent"),
     "waves_192": (4800, 192, 4928, "persistent"),
-    "waves_odd": (7037, 103, 2444, "persistent"),
+    "waves_odd": (16000, 103, 2444, "persistent"),
 }
 LAYOUTS = {"NN": (False, False), "TN": (True, False), "NT": (False, True), "TT": (True, True)}
 

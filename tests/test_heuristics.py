@@ -28,8 +28,9 @@ def test_large_problem_takes_wide_tiles_and_fits_smem():
     assert c.config.stages >= heuristics.MIN_STAGES
 
 
+# 4096 x 100 would fit one round of 64 x 128 tiles (test_short_tile_cpu.py): four times the rows.
 @pytest.mark.parametrize("m,n,width", [(512, 512, 128), (128, 4096, 128),
-                                       (4096, 100, heuristics.NARROW_BLOCK_N)])
+                                       (16384, 100, heuristics.NARROW_BLOCK_N)])
 def test_few_tiles_take_narrow_tiles(m, n, width):
     assert choose(m, n, 1024).config.block_n == width
 
@@ -950,7 +951,8 @@ def test_narrow_b_rows_are_not_the_unaligned_b_case():
 
 @pytest.mark.parametrize("m,n,k,narrow", [
     (23808, 128, 7616, True),    # both DRAM-bound: level by the wave model, the narrow tile
-    (5312, 128, 2112, True),     # 42 tiles or 84: more SMs streaming A
+    # (5312 x 128 x 2112, 42 tiles or 84, took the narrow tile until one round of 64 x 128
+    # tiles did: test_short_tile_cpu.py, NOTES v0.38)
     (4800, 192, 4928, True),
     (11648, 128, 13760, False),  # 91 tiles in one wave, or 182 in two
     (19648, 256, 1984, False),   # 9.3 waves of narrow tiles against 2.3 of 128 x 128

@@ -140,6 +140,64 @@ def test_64_row_tiles_replace_splits_they_beat(m, n, k, split):
     assert forced.schedule is split   # a forced schedule is never replaced
 
 
+# One round of 64 x 128 tiles over a short main loop (heuristics.ONE_ROUND_SHORT_GAIN); the
+# old choice, and the 64 x 128 tiles' speed over it, measured on an H100 (NOTES v0.38).
+@pytest.mark.parametrize("m,n,k,dtype,old", [
+    (1984, 256, 6272, "bfloat16", SplitKParallelSchedule),     # 1.10 x
+    (2432, 192, 3456, "float16", SplitKClusterSchedule),       # 1.10-1.13 x
+    (3328, 256, 7040, "bfloat16", SplitKClusterSchedule),      # 1.13 x
+    (768, 768, 4032, "float16", SplitKClusterSchedule),        # 1.08 x
+    (2752, 256, 1600, "float16", SplitKClusterSchedule),       # 1.39-1.41 x
+    (5312, 128, 2112, "float16", PersistentSchedule),          # the narrow tile: 1.03-1.04 x
+])
+def test_one_round_of_64_row_tiles_beats_splits_and_the_narrow_tile_on_short_loops(
+        m, n, k, dtype, old):
+    c = choose(m, n, k, dtype=dtype)
+    assert c.schedule is PersistentSchedule and c.splits == 1 and c.tail is None
+    assert (c.config.block_m, c.config.block_n) == heuristics.FEW_ROWS_TILE
+    assert "one round of 64x128 tiles" in c.reason
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "_short_tiles_in_one_round", lambda *args: False)
+        before = choose(m, n, k, dtype=dtype)
+    heuristics.choose.cache_clear()
+    assert before.schedule is old and before.config.block_m == 128
+
+
+def test_the_one_round_margin_and_main_loop_bound_decide():
+    """1984 x 256 x 6272: the wave model's 21.4 us against split_k_parallel's 16.9 (1.26 x)."""
+    assert choose(1984, 256, 6272).splits == 1
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "ONE_ROUND_SHORT_GAIN", heuristics.SPLIT_K_MIN_GAIN)
+        assert choose(1984, 256, 6272).splits > 1
+        mp.setattr(heuristics, "ONE_ROUND_SHORT_GAIN", 1.3)
+        mp.setattr(heuristics, "ONE_ROUND_SHORT_MAX_K_BLOCKS", 97)   # 98 k-blocks
+        assert choose(1984, 256, 6272).splits > 1
+    heuristics.choose.cache_clear()
+
+
+@pytest.mark.parametrize("m,n,k,dtype", [
+    (1408, 704, 31744, "float16"),    # 496 k-blocks: the split ran 1.26 x the 64-row tiles
+    (3456, 128, 15040, "bfloat16"),   # 235: 1.12 x
+    (4096, 128, 25536, "float16"),    # 399: 1.06 x
+])
+def test_long_main_loops_keep_their_split(m, n, k, dtype):
+    p = Problem(m, n, k, 1, dtype)
+    assert heuristics._k_blocks(p) > heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS
+    assert heuristics._tiles(p, *heuristics.FEW_ROWS_TILE) <= H100.sm_count
+    assert choose(m, n, k, dtype=dtype).splits > 1
+
+
+def test_one_round_keeps_to_the_64_by_128_tile():
+    """4928 x 192 x 7040: 77 tiles of 64 x 192 would fit one round, but the rule was measured
+    on the 64 x 128 tile only: the narrow tile keeps the problem (v0.33)."""
+    p = Problem(4928, 192, 7040, 1, "bfloat16")
+    cfg = PersistentSchedule.deepest("bfloat16", 192, False, True, H100.smem_per_block_optin,
+                                     WGMMA_M)
+    assert not heuristics._short_tiles_in_one_round(p, H100, cfg)
+    assert (choose(4928, 192, 7040).config.block_m, choose(4928, 192, 7040).config.block_n) \
+        == (128, 64)
+
+
 @pytest.mark.parametrize("m,n,k", [(17344, 128, 6848), (5120, 5120, 5120), (462, 20000, 4096),
                                    (1856, 2688, 22016), (4672, 2048, 26240)])
 def test_wave_tails_keep_128_row_tiles(m, n, k):
