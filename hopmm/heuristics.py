@@ -1069,6 +1069,8 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     sched = choice.schedule
     if not sched.row_store_ok:
         return None
+    if not forced and choice.config.block_m == WGMMA_M and _store_bound(problem, device):
+        choice = _store_bound_choice(problem, device, choice.reason, short_tiles=False)
     stored = replace(choice.config, row_store=True)
     if sched.row_store_fits(stored):
         stored = replace(choice, config=stored)
@@ -1249,6 +1251,14 @@ STORE_BOUND_C_SHARE = 10
 STORE_BOUND_RASTER_GROUP = 1
 STORE_BOUND_WIDTH = 256
 STORE_BOUND_PAD = 0.02
+# Results of at least STORE_BOUND_SHORT_MIN_N columns and STORE_BOUND_SHORT_MIN_M rows were
+# written faster still on the 64 x 256 tile (one consumer) in groups of STORE_BOUND_SHORT_GROUP
+# M-tiles: 1.041 x (0.99-1.16) on 30 such problems of the tuning seeds, where fewer rows (6
+# problems) ran 0.96 x and fewer columns (24) 0.98 x (bench/NOTES.md v0.38). Results stored by
+# rows (KernelConfig.row_store) keep the 128-row tiles, where that store was measured.
+STORE_BOUND_SHORT_MIN_N = 11776
+STORE_BOUND_SHORT_MIN_M = 1728
+STORE_BOUND_SHORT_GROUP = 4
 
 
 def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
@@ -1261,9 +1271,21 @@ def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
             + STORE_BOUND_PAD * problem.n)
 
 
-def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice:
-    """The persistent kernel for a store-bound problem (_store_bound), as above; `why`: the
-    reason of the choice it replaces."""
+def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str,
+                        short_tiles: bool = True) -> Choice:
+    """The persistent kernel for a store-bound problem (_store_bound), as above (its 64-row
+    tiles only where `short_tiles`); `why`: the reason of the choice it replaces."""
+    if short_tiles and problem.n >= STORE_BOUND_SHORT_MIN_N \
+            and problem.m >= STORE_BOUND_SHORT_MIN_M:
+        cfg = PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH, problem.trans_a,
+                                         problem.trans_b, device.smem_per_block_optin, WGMMA_M)
+        if cfg is not None:
+            why = (f"K of one k-block and a result of {_result_bytes(problem) / 1e6:.0f} MB in "
+                   f"rows of {problem.n} columns: the stores set the pace, so "
+                   f"{WGMMA_M}x{STORE_BOUND_WIDTH} tiles (instead of: {why})")
+            return Choice(PersistentSchedule, cfg,
+                          _with_memory_plan(why, cfg, device, STORE_BOUND_SHORT_GROUP),
+                          STORE_BOUND_SHORT_GROUP)
     cfg = _whole_row_staging(PersistentSchedule,
                              PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH,
                                                         problem.trans_a, problem.trans_b,

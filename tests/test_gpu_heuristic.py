@@ -5,6 +5,8 @@ import pytest
 from conftest import requires_hopper
 from forced import TOL, rand
 
+from hopmm import heuristics
+
 pytestmark = requires_hopper
 
 
@@ -153,11 +155,14 @@ def test_copy_route_only_where_cupy_matmul_computes_the_call(dtype, routed):
 
 
 @pytest.mark.parametrize("layout", ["NN", "TN", "NT", "TT"])
-@pytest.mark.parametrize("m,n,k", [(13056, 5120, 64), (8000, 4352, 40), (6001, 7936, 64)])
-def test_store_bound_choice(m, n, k, layout):
+@pytest.mark.parametrize("m,n,k,tile", [(13056, 5120, 64, "128x256"), (8000, 4352, 40, "128x256"),
+                                        (6001, 7936, 64, "128x256"),
+                                        (1792, 12032, 64, "64x256")])   # wide rows, v0.38
+def test_store_bound_choice(m, n, k, tile, layout):
     """K of one k-block and a large result (heuristics._store_bound): 128 x 256 tiles, the
-    whole tile staged per consumer, waves along rows of tiles; every element written
-    (NaN-poisoned output, a spare row after it), bitwise repeatable."""
+    whole tile staged per consumer, waves along rows of tiles, or on results of wide rows
+    64 x 256 tiles in groups of 4; every element written (NaN-poisoned output, a spare row
+    after it), bitwise repeatable."""
     import cupy
 
     import hopmm
@@ -167,7 +172,9 @@ def test_store_bound_choice(m, n, k, layout):
     buf = cupy.full((m + 1) * n, cupy.nan, dtype="float16")
     out = buf[:m * n].reshape(m, n)
     text = hopmm.explain(a, b, out)
-    assert "the stores set the pace" in text and "tiles in groups of 1 M-tiles" in text, text
+    group = 1 if tile == "128x256" else heuristics.STORE_BOUND_SHORT_GROUP
+    assert "the stores set the pace" in text and f"{tile} tiles" in text, text
+    assert f"tiles in groups of {group} M-tiles" in text, text
     hopmm.matmul(a, b, out=out)
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     got = out.astype(cupy.float32)

@@ -148,18 +148,35 @@ def test_rendered_hand_off_order():
     assert order == sorted(order)
 
 
-@pytest.mark.parametrize("m,n,k", [(31872, 14080, 64), (15168, 22784, 64), (1024, 24896, 40),
-                                   (13248, 1472, 64)])
+@pytest.mark.parametrize("m,n,k", [(1024, 24896, 40), (13248, 1472, 64), (1700, 30000, 64),
+                                   (31872, 11520, 64)])
 def test_store_bound_problems(m, n, k):
     """K of one k-block and a result ten times the operands, over several waves: the persistent
     kernel's 128 x 256 tile with each consumer's whole tile staged, in waves along rows of
-    tiles; no tail."""
+    tiles; no tail (below STORE_BOUND_SHORT_MIN_M rows or STORE_BOUND_SHORT_MIN_N columns)."""
     c = heuristics.choose(problem(m, n, k), H100_SXM)
     assert c.schedule is PersistentSchedule and c.tail is None
     assert c.config.block_n == 256
     assert c.config.c_buffers == PersistentSchedule.c_boxes(c.config)
     assert c.raster_group == heuristics.STORE_BOUND_RASTER_GROUP
     assert "the stores set the pace" in c.reason
+
+
+@pytest.mark.parametrize("m,n,k", [(31872, 14080, 64), (15168, 22784, 64), (1728, 11776, 64)])
+def test_store_bound_results_of_wide_rows_take_64_row_tiles(m, n, k):
+    """At least STORE_BOUND_SHORT_MIN_N columns and STORE_BOUND_SHORT_MIN_M rows: the 64 x 256
+    tile in groups of STORE_BOUND_SHORT_GROUP (1.04 x the 128-row tiles on 30 such problems,
+    NOTES v0.38); a result stored by rows keeps the 128-row tile of the row store."""
+    p = problem(m, n, k)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is PersistentSchedule and c.tail is None and c.splits == 1
+    assert (c.config.block_m, c.config.block_n) == (64, 256)
+    assert c.raster_group == heuristics.STORE_BOUND_SHORT_GROUP
+    assert "the stores set the pace" in c.reason and f"rows of {n} columns" in c.reason
+    rows = heuristics.row_store_choice(c, p, H100_SXM)
+    assert rows.config.row_store and rows.config.block_m == 128
+    assert rows.config.block_n == heuristics.ROW_STORE_SHORT_K_WIDTH
+    assert rows.raster_group == heuristics.ROW_STORE_SHORT_K_GROUP
 
 
 @pytest.mark.parametrize("m,n,k", [(9920, 19328, 128),   # two k-blocks
@@ -182,7 +199,7 @@ def test_store_bound_kernels_compile_without_spills(dtype, a_major, b_major):
     from hopmm import compile as compiler
     from hopmm import sass
 
-    p = Problem(31872, 14080, 64, 1, dtype, a_major, b_major)
+    p = Problem(13248, 1472, 64, 1, dtype, a_major, b_major)
     c = heuristics.choose(p, H100_SXM)
     assert (c.config.block_n, c.config.stages, c.config.c_buffers) == (256, 3, 4)
     kernel = compiler.compile_kernel(c.schedule.render(c.config))
