@@ -1070,7 +1070,9 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     if not sched.row_store_ok:
         return None
     if not forced and choice.config.block_m == WGMMA_M and _store_bound(problem, device):
-        choice = _store_bound_choice(problem, device, choice.reason, short_tiles=False)
+        # the store-bound 64-row tiles (STORE_BOUND_SHORT_MIN_N) were measured storing by TMA
+        choice = _store_bound_choice(problem, device, "64x256 tiles, which store by TMA",
+                                     short_tiles=False)
     stored = replace(choice.config, row_store=True)
     if sched.row_store_fits(stored):
         stored = replace(choice, config=stored)

@@ -194,8 +194,8 @@ def test_one_round_keeps_to_the_64_by_128_tile():
     cfg = PersistentSchedule.deepest("bfloat16", 192, False, True, H100.smem_per_block_optin,
                                      WGMMA_M)
     assert not heuristics._short_tiles_in_one_round(p, H100, cfg)
-    assert (choose(4928, 192, 7040).config.block_m, choose(4928, 192, 7040).config.block_n) \
-        == (128, 64)
+    c = choose(4928, 192, 7040)
+    assert (c.config.block_m, c.config.block_n) == (128, 64)
 
 
 @pytest.mark.parametrize("m,n,k", [(17344, 128, 6848), (5120, 5120, 5120), (462, 20000, 4096),
