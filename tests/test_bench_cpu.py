@@ -386,3 +386,54 @@ def test_pick_line_rates_the_pick_against_the_fastest_candidate():
                            "0.800 of the best; best persistent 128x128 s6 g4 100.0 (0.80 x "
                            "the sweep's cuBLAS 125.0)")
     assert "untimed" in autotune_table.pick_line((1, 1, 1), "fp16", "gone", {"a": 1.0}, 2.0)
+
+
+# ------------------------------------------------------------ pick_ab
+pick_ab = _load("hopmm_pick_ab_under_test", "pick_ab.py")
+
+
+def test_pick_ab_reads_the_change_as_constants_that_undo_it():
+    assert pick_ab.parse_patches("ONE_ROUND_SHORT_MAX_K_BLOCKS=0; ONE_ROUND_SHORT_GAIN = 1.1") \
+        == {"ONE_ROUND_SHORT_MAX_K_BLOCKS": 0, "ONE_ROUND_SHORT_GAIN": 1.1}
+    for bad, why in (("FOO=1", "not a constant"), ("choose=1", "not a constant"),
+                     ("ONE_ROUND_SHORT_GAIN", "not NAME=VALUE"),
+                     ("ONE_ROUND_SHORT_GAIN=1.1x", "not a Python literal"), (";", "no NAME")):
+        with pytest.raises(ValueError, match=why):
+            pick_ab.parse_patches(bad)
+
+
+def test_pick_ab_patches_and_restores_the_heuristic():
+    from hopmm import heuristics
+
+    before = heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS
+    p = pick_ab.row_major_problem(1984, 256, 6272, "bfloat16")
+    new = heuristics.choose(p, pick_ab.H100_REPORTED)
+    with pick_ab.patched({"ONE_ROUND_SHORT_MAX_K_BLOCKS": 0}):
+        assert heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS == 0
+        old = heuristics.choose(p, pick_ab.H100_REPORTED)
+    assert heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS == before
+    assert new.splits == 1 and old.splits > 1   # the one-round rule's own measured case
+    assert heuristics.choose(p, pick_ab.H100_REPORTED) == new
+
+
+def test_pick_ab_lists_the_shapes_a_change_moves():
+    moved = pick_ab.moved_shapes([11, 13, 17], {"ONE_ROUND_SHORT_MAX_K_BLOCKS": 0},
+                                 pick_ab.H100_REPORTED)
+    assert {"shape": [3136, 192, 7360], "dtype": "fp16",
+            "new": "persistent 64x128 s8 g1",
+            "old": "split_k_cluster 128x128 s5 g4 k2"} in moved
+    assert all(e["new"] != e["old"] for e in moved)
+    assert pick_ab.moved_shapes([11], {"ONE_ROUND_SHORT_GAIN":
+                                       pick_ab.heuristics.ONE_ROUND_SHORT_GAIN},
+                                pick_ab.H100_REPORTED) == []
+
+
+def test_pick_ab_summary():
+    def row(new, old, cublas, ok=True):
+        return {"ok": ok, "tflops": {"new": new, "old": old}, "cublas_tflops": cublas}
+
+    s = pick_ab.summarize([row(110, 100, 100), row(90, 100, 100), row(1, 100, 100, ok=False)])
+    assert s["timed"] == 2 and s["geomean_new_over_old"] == pytest.approx((1.1 * 0.9) ** 0.5)
+    assert (s["min"], s["max"]) == (pytest.approx(0.9), pytest.approx(1.1))
+    assert (s["below_new"], s["below_old"]) == (1, 0)
+    assert pick_ab.summarize([]) == {"timed": 0}
