@@ -213,7 +213,13 @@ def main(argv=None) -> int:
         if args.budget_s and time.time() - start > args.budget_s:
             print(f"budget of {args.budget_s:.0f} s spent: {len(moved) - len(rows)} shapes left")
             break
-        row = time_shape(e, patches, device)
+        try:
+            row = time_shape(e, patches, device)
+        except Exception as exc:   # reported in its row and left out of the summary
+            rows.append(dict(e, ok=False, error=f"{type(exc).__name__}: {exc}"))
+            print(f"{'x'.join(map(str, e['shape']))} {e['dtype']}: not timed: "
+                  f"{rows[-1]['error']}", flush=True)
+            continue
         rows.append(row)
         tf = row["tflops"]
         print(f"{'x'.join(map(str, e['shape']))} {e['dtype']}: new / old "
