@@ -1030,11 +1030,11 @@ ROW_STORE_SHORT_K_GROUP = 1
 
 
 def _short_k_row_store(choice: Choice, problem: Problem, device: DeviceInfo) -> Choice:
-    """`choice` (persistent, storing rows itself) on the ROW_STORE_SHORT_K_WIDTH tile in
-    groups of ROW_STORE_SHORT_K_GROUP where K is short; unchanged otherwise."""
+    """`choice` (persistent, storing rows itself, of either tile height) on the 128-row
+    ROW_STORE_SHORT_K_WIDTH tile in groups of ROW_STORE_SHORT_K_GROUP where K is short;
+    unchanged otherwise."""
     cfg = choice.config
-    if (choice.schedule is not PersistentSchedule or cfg.block_m != BLOCK_M
-            or _long_main_loop(problem)):
+    if choice.schedule is not PersistentSchedule or _long_main_loop(problem):
         return choice
     why = choice.reason
     if cfg.block_n > ROW_STORE_SHORT_K_WIDTH:
@@ -1069,10 +1069,6 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     sched = choice.schedule
     if not sched.row_store_ok:
         return None
-    if not forced and choice.config.block_m == WGMMA_M and _store_bound(problem, device):
-        # the store-bound 64-row tiles (STORE_BOUND_SHORT_MIN_N) were measured storing by TMA
-        choice = _store_bound_choice(problem, device, "64x256 tiles, which store by TMA",
-                                     short_tiles=False)
     stored = replace(choice.config, row_store=True)
     if sched.row_store_fits(stored):
         stored = replace(choice, config=stored)
@@ -1257,7 +1253,7 @@ STORE_BOUND_PAD = 0.02
 # written faster still on the 64 x 256 tile (one consumer) in groups of STORE_BOUND_SHORT_GROUP
 # M-tiles: 1.041 x (0.99-1.16) on 30 such problems of the tuning seeds, where fewer rows (6
 # problems) ran 0.96 x and fewer columns (24) 0.98 x (bench/NOTES.md v0.38). Results stored by
-# rows (KernelConfig.row_store) keep the 128-row tiles, where that store was measured.
+# rows (KernelConfig.row_store) take the short-K row store's tile instead (_short_k_row_store).
 STORE_BOUND_SHORT_MIN_N = 11776
 STORE_BOUND_SHORT_MIN_M = 1728
 STORE_BOUND_SHORT_GROUP = 4
@@ -1273,12 +1269,10 @@ def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
             + STORE_BOUND_PAD * problem.n)
 
 
-def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str,
-                        short_tiles: bool = True) -> Choice:
-    """The persistent kernel for a store-bound problem (_store_bound), as above (its 64-row
-    tiles only where `short_tiles`); `why`: the reason of the choice it replaces."""
-    if short_tiles and problem.n >= STORE_BOUND_SHORT_MIN_N \
-            and problem.m >= STORE_BOUND_SHORT_MIN_M:
+def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice:
+    """The persistent kernel for a store-bound problem (_store_bound), as above; `why`: the
+    reason of the choice it replaces."""
+    if problem.n >= STORE_BOUND_SHORT_MIN_N and problem.m >= STORE_BOUND_SHORT_MIN_M:
         cfg = PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH, problem.trans_a,
                                          problem.trans_b, device.smem_per_block_optin, WGMMA_M)
         if cfg is not None:
