@@ -8,12 +8,12 @@ each moved shape's new pick timed against its old one.
 
 The change is written as the heuristics constants that undo it (`--old`, NAME=VALUE pairs
 split by ';', each VALUE a Python literal): the current code's pick is "new", the pick under
-those constants "old". `--list` prints the moved shapes only (no GPU: the choice of an H100
-as it reports its cluster capacity); otherwise each is timed on the GPU (row-major operands,
-as bench/sweep.py draws them; both picks forced, interleaved with cupy.matmul and, where
-installed, torch.matmul, medians; the result NaN-poisoned and checked before the timings),
-and the summary gives the geometric mean of new over old and the count below 0.97 x the
-faster cuBLAS either way (bench/NOTES.md v0.38).
+those constants "old". `--list` prints the moved shapes only (no GPU: the choices of an H100
+as it reports its cluster capacity, device.H100_SXM_CLUSTERS); otherwise each is timed on
+the GPU (row-major operands, as bench/sweep.py draws them; both picks forced, interleaved
+with cupy.matmul and, where installed, torch.matmul, medians; the result NaN-poisoned and
+checked before the timings), and the summary gives the geometric mean of new over old and
+the count below 0.97 x the faster cuBLAS either way (bench/NOTES.md v0.38).
 """
 from __future__ import annotations
 
@@ -24,20 +24,16 @@ import json
 import math
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import sweep_shapes  # noqa: E402
 from bench import CUPY_DTYPE_NAMES, DTYPE_ALIASES  # noqa: E402
 
-from hopmm import heuristics, tuning  # noqa: E402
-from hopmm.device import H100_SXM  # noqa: E402
-from hopmm.problem import Problem  # noqa: E402
+from hopmm import heuristics, layout, operands, tuning  # noqa: E402
+from hopmm.device import H100_SXM_CLUSTERS  # noqa: E402
+from hopmm.problem import LINE_BYTES, Problem  # noqa: E402
 
-# An H100 SXM as it reports its cluster capacity (cuOccupancyMaxActiveClusters, clusters of
-# 1-8 CTAs; bench/NOTES.md v0.13): where no GPU is present, the choices are made for it.
-H100_REPORTED = replace(H100_SXM, cluster_capacity=(132, 66, 39, 30, 22, 17, 15, 15))
 BELOW = 0.97           # the share issue 18 counts: hopmm under this x the faster cuBLAS
 ROUNDS = 4
 WARMUP_S = 0.2
@@ -84,9 +80,11 @@ def patched(patches: dict):
 
 
 def row_major_problem(m: int, n: int, k: int, dtype: str) -> Problem:
-    """The Problem of row-major A (M x K) and B (K x N), as bench/sweep.py passes them."""
-    return Problem(m, n, k, 1, dtype, "k", "n",
-                   b_pitch_aligned=n * sweep_shapes.ELEMENT_BYTES % 128 == 0)
+    """The Problem of row-major A (M x K) and B (K x N), as bench/sweep.py passes them (and
+    operands.kernel_operands would make of them: B's pitch is its row)."""
+    b_pitch = n * sweep_shapes.ELEMENT_BYTES
+    return operands.problem_of(layout.matmul_shapes((m, k), (k, n)), dtype, "cols", "cols",
+                               b_pitch % LINE_BYTES == 0)
 
 
 def moved_shapes(seeds, patches: dict, device) -> list[dict]:
@@ -128,7 +126,7 @@ def time_shape(entry: dict, patches: dict, device) -> dict:
     """One moved shape on the GPU: both picks forced, against cupy.matmul (and torch.matmul)."""
     import cupy
 
-    from hopmm import launch, layout, operands
+    from hopmm import launch
     from hopmm.timing import interleaved_medians
 
     m, n, k = entry["shape"]
@@ -195,7 +193,7 @@ def main(argv=None) -> int:
         patches = parse_patches(args.old)
     except ValueError as e:
         p.error(str(e))
-    device = H100_REPORTED
+    device = H100_SXM_CLUSTERS
     if not args.list:
         import cupy
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 HOPPER_CC = (9, 0)
 
@@ -33,6 +33,10 @@ class DeviceInfo:
 # The H100 SXM as measured (FACTS): used where no device can be asked (CPU-only checks).
 H100_SXM = DeviceInfo(name="NVIDIA H100 (assumed)", compute_capability=HOPPER_CC, sm_count=132,
                       smem_per_block_optin=232448)
+# The same with the cluster capacity it reports (cuOccupancyMaxActiveClusters, clusters of 1-8
+# CTAs; bench/NOTES.md v0.13: 15 clusters of 7 or 8 CTAs, 17 of 6): the choices a real H100
+# gets, cluster kernels included, made without one.
+H100_SXM_CLUSTERS = replace(H100_SXM, cluster_capacity=(132, 66, 39, 30, 22, 17, 15, 15))
 
 
 # The largest portable cluster: the sizes whose capacity query() reads.

@@ -390,6 +390,7 @@ def test_pick_line_rates_the_pick_against_the_fastest_candidate():
 
 # ------------------------------------------------------------ pick_ab
 pick_ab = _load("hopmm_pick_ab_under_test", "pick_ab.py")
+H100_SXM_CLUSTERS = pick_ab.H100_SXM_CLUSTERS
 
 
 def test_pick_ab_reads_the_change_as_constants_that_undo_it():
@@ -407,25 +408,25 @@ def test_pick_ab_patches_and_restores_the_heuristic():
 
     before = heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS
     p = pick_ab.row_major_problem(1984, 256, 6272, "bfloat16")
-    new = heuristics.choose(p, pick_ab.H100_REPORTED)
+    new = heuristics.choose(p, H100_SXM_CLUSTERS)
     with pick_ab.patched({"ONE_ROUND_SHORT_MAX_K_BLOCKS": 0}):
         assert heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS == 0
-        old = heuristics.choose(p, pick_ab.H100_REPORTED)
+        old = heuristics.choose(p, H100_SXM_CLUSTERS)
     assert heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS == before
     assert new.splits == 1 and old.splits > 1   # the one-round rule's own measured case
-    assert heuristics.choose(p, pick_ab.H100_REPORTED) == new
+    assert heuristics.choose(p, H100_SXM_CLUSTERS) == new
 
 
 def test_pick_ab_lists_the_shapes_a_change_moves():
     moved = pick_ab.moved_shapes([11, 13, 17], {"ONE_ROUND_SHORT_MAX_K_BLOCKS": 0},
-                                 pick_ab.H100_REPORTED)
+                                 H100_SXM_CLUSTERS)
     assert {"shape": [3136, 192, 7360], "dtype": "fp16",
             "new": "persistent 64x128 s8 g1",
             "old": "split_k_cluster 128x128 s5 g4 k2"} in moved
     assert all(e["new"] != e["old"] for e in moved)
     assert pick_ab.moved_shapes([11], {"ONE_ROUND_SHORT_GAIN":
                                        pick_ab.heuristics.ONE_ROUND_SHORT_GAIN},
-                                pick_ab.H100_REPORTED) == []
+                                H100_SXM_CLUSTERS) == []
 
 
 def test_pick_ab_summary():

@@ -294,11 +294,8 @@ def test_grid_rejects_splits_beyond_the_bound():
 
 from dataclasses import replace  # noqa: E402
 
+from hopmm.device import H100_SXM_CLUSTERS as H100_CLUSTERS  # noqa: E402
 from hopmm.schedules import MAX_CLUSTER_SPLITS, SplitKClusterSchedule  # noqa: E402
-
-# An H100 SXM as it reports its cluster capacity (cuOccupancyMaxActiveClusters, bench/NOTES.md
-# v0.13): 15 clusters of 7 or 8 CTAs, 17 of 6.
-H100_CLUSTERS = replace(H100_SXM, cluster_capacity=(132, 66, 39, 30, 22, 17, 15, 15))
 
 
 def test_unknown_cluster_capacity_keeps_off_the_cluster_kernel():

@@ -4,18 +4,17 @@ raster groups of their one-round grids, the splits they replace, and where they 
 (short main loops, narrow products, wave tails, cluster pairs); products of at most 64 rows,
 which take the 64 x 128 tile alone where it fits one wave (heuristics.FEW_ROWS_TILE).
 Each rule's measurements: bench/NOTES.md v0.33, v0.34."""
-from dataclasses import replace
 
 import pytest
 
 from hopmm import heuristics
-from hopmm.device import H100_SXM
+from hopmm.device import H100_SXM, H100_SXM_CLUSTERS
 from hopmm.problem import Problem
 from hopmm.schedules import (SCHEDULES, WGMMA_M, PersistentOverlapSchedule, PersistentSchedule,
                              SplitKClusterSchedule, SplitKParallelSchedule)
 
 # An H100 as the device reports it: split_k_cluster needs its cluster capacity.
-H100 = replace(H100_SXM, cluster_capacity=(132, 66, 39, 30, 22, 17, 15, 15))
+H100 = H100_SXM_CLUSTERS
 
 
 def choose(m, n, k, batch=1, dtype="bfloat16", device=H100, schedule=None, epilogue=False):
