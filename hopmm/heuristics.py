@@ -1204,9 +1204,8 @@ def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | Non
     base = SCHEDULES[schedule or PersistentSchedule.name]
     forced = schedule is not None
     sched, cfg, why = _persistent_tile(base, problem, device, forced, epilogue_reads, short)
-    one_round = _short_tiles_in_one_round(problem, device, cfg)
     if not forced and cfg.block_m == WGMMA_M and _narrow_by_waves_range(problem) \
-            and not one_round:
+            and not _short_tiles_in_one_round(problem, device, cfg):
         # The narrow tile keeps the problems the wave model gives it over the 128-row tiles
         # past one round of 64-row tiles: there these ran 0.87-0.92 x it (NOTES v0.33).
         whole = _persistent_tile(base, problem, device, forced, epilogue_reads, short=False)
@@ -1223,15 +1222,16 @@ def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | Non
             if paired is not None:
                 sched, cfg, pairing = paired
                 why = f"{why}; {pairing}"
-        narrow = None if one_round else _narrow_by_waves(problem, device, sched, cfg)
-        if one_round:
+        if _short_tiles_in_one_round(problem, device, cfg):   # the tile that stayed
             why += (f"; one round of {cfg.block_m}x{cfg.block_n} tiles over at most "
                     f"{ONE_ROUND_SHORT_MAX_K_BLOCKS} k-blocks "
                     f"({_persistent_us(sched, problem, device, cfg):.1f} us by the wave "
                     f"model): a split must beat that by {ONE_ROUND_SHORT_GAIN} x, and the "
                     f"narrow tile does not take the problem")
-        if narrow is not None:
-            sched, (cfg, why) = PersistentSchedule, narrow
+        else:
+            narrow = _narrow_by_waves(problem, device, sched, cfg)
+            if narrow is not None:
+                sched, (cfg, why) = PersistentSchedule, narrow
         if _store_bound(problem, device):
             return _store_bound_choice(problem, device, why)
     group = _raster_group(problem, cfg, device, clustered=sched.cluster_size > 1)
