@@ -451,7 +451,7 @@ def _overlap(x, y) -> bool:
 def _grid(choice: heuristics.Choice, problem, dev: device_mod.DeviceInfo) -> tuple:
     """The grid of `choice`'s kernel on `problem` (the first launch of a long batch)."""
     return choice.schedule.grid(problem, choice.config, min(problem.batch, layout.MAX_GRID_Z),
-                                dev.sm_count, choice.splits)
+                                choice.schedule.resident_ctas(dev), choice.splits)
 
 
 def _tail_line(tail: heuristics.Tail, problem, dev: device_mod.DeviceInfo) -> str:

@@ -11,9 +11,10 @@ from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
                         MIN_STAGES, NARROW_BLOCK_N, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
                         WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
-                        PersistentClusterOverlapSchedule, PersistentClusterSchedule,
-                        PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
-                        SplitKParallelSchedule, SplitKSchedule, StreamKSchedule)
+                        PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
+                        PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
+                        SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule,
+                        StreamKSchedule)
 
 # M-tiles per raster group (tile_raster.cuh walks a group column by column). The tiles a wave
 # of CTAs runs at once share the k-slices of A and B they read through L2, so a group is chosen
@@ -229,6 +230,16 @@ UNALIGNED_B_SCHEDULE = PersistentClusterSchedule
 # output element gain more than on aligned rows (fitted on nine shapes, bench/NOTES.md v0.10).
 UNALIGNED_B_TILE_SPEED = {(BLOCK_M, 256): 1.05, (BLOCK_M, 192): 1.0, (BLOCK_M, 128): 0.84,
                           (TALL_BLOCK_M, 192): 1.04}
+# Clusters of four load a quarter of each B tile per CTA: for tall products of few columns,
+# whose 64-row tiles (or 128-row ones of one column of tiles) each read all of B, that cuts the
+# L2 -> SM traffic that bounds them. Its speeds on the same scale (fitted with the pair's held,
+# on 12 tall products of 104-296 columns: the wave model then ranked the measured fastest
+# first on 11; bench/NOTES.md v0.39). Offered where the device reports how many clusters of
+# four run at once (an H100 SXM: 30, not 33).
+UNALIGNED_B_QUAD_SCHEDULE = PersistentClusterQuadSchedule
+UNALIGNED_B_QUAD_MAX_N = 320   # the fitted products' widths; wider B tiles are a smaller share
+UNALIGNED_B_QUAD_TILE_SPEED = {(BLOCK_M, 256): 1.16, (BLOCK_M, 192): 1.06, (BLOCK_M, 128): 0.92,
+                               (WGMMA_M, 256): 0.91, (WGMMA_M, 192): 0.83, (WGMMA_M, 128): 0.71}
 
 # Where the persistent schedule's width is one of these, its tiles run on persistent_overlap
 # (two accumulator sets, the epilogue under the next tile's first k-block): 128 x 192 gained,
@@ -355,7 +366,8 @@ def _workers(sched, device: DeviceInfo) -> tuple[int, str]:
     """What takes one (group of cluster_size) tile(s) at a time: SMs, or clusters of them."""
     if sched.cluster_size == 1:
         return device.sm_count, "SMs"
-    return device.sm_count // sched.cluster_size, f"clusters of {sched.cluster_size}"
+    return (sched.resident_ctas(device) // sched.cluster_size,
+            f"clusters of {sched.cluster_size}")
 
 
 def _tile_groups(sched, problem: Problem, shape: tuple[int, int]) -> int:
@@ -1181,18 +1193,45 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
         if schedule is not None:
             raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared "
                                f"memory per block is too little for split-K's 128x128 tile")
-    if schedule is None and _b_rows_unaligned(problem) and \
-            -(-problem.m // BLOCK_M) >= UNALIGNED_B_SCHEDULE.cluster_size:
-        picked = _fastest_tile(UNALIGNED_B_SCHEDULE, problem, device)
-        if picked is not None and picked[0].stages >= FAST_STAGES:
-            cfg, why = picked
-            why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B "
-                   f"spans two cache lines: clusters of {UNALIGNED_B_SCHEDULE.cluster_size} CTAs "
-                   f"share each B tile and load it once; {why}")
-            group = _raster_group(problem, cfg, device, clustered=True)
-            return Choice(UNALIGNED_B_SCHEDULE, cfg, _with_memory_plan(why, cfg, device, group),
-                          group)
+    if schedule is None and _b_rows_unaligned(problem):
+        unaligned = _unaligned_b_choice(problem, device)
+        if unaligned is not None:
+            return unaligned
     return _persistent_choice(problem, device, schedule, epilogue_reads, short)
+
+
+def _unaligned_b_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
+    """The cluster kernel for B rows that are not whole cache lines (_b_rows_unaligned): the
+    pair's fastest tile, or the four-CTA cluster's where the product has at most
+    UNALIGNED_B_QUAD_MAX_N columns, the device reports the clusters' capacity and the wave model
+    puts that tile ahead (each ranked as _fastest_tile ranks them); None where
+    neither has enough M tiles for a cluster or a tile with FAST_STAGES stages."""
+    picks = []
+    for sched in (UNALIGNED_B_SCHEDULE, UNALIGNED_B_QUAD_SCHEDULE):
+        if -(-problem.m // BLOCK_M) < sched.cluster_size:
+            continue
+        if sched is UNALIGNED_B_QUAD_SCHEDULE and (
+                problem.n > UNALIGNED_B_QUAD_MAX_N
+                or device.clusters_at_once(sched.cluster_size) is None):
+            continue
+        picked = _fastest_tile(sched, problem, device)
+        if picked is not None and picked[0].stages >= FAST_STAGES:
+            cfg = picked[0]
+            shape = (cfg.block_m, cfg.block_n)
+            time = (_relative_time(sched, problem, device, shape, _tile_speeds(sched, problem))
+                    * (SHORT_TILE_MIN_GAIN if cfg.block_m == WGMMA_M else 1.0))
+            picks.append((time, sched, picked))
+    if not picks:
+        return None
+    _, sched, (cfg, why) = min(picks, key=lambda p: p[0])
+    why = (f"B's rows are not multiples of 128 B, so every 128-byte TMA box row of B spans two "
+           f"cache lines: clusters of {sched.cluster_size} CTAs share each B tile and load it "
+           f"once; {why}")
+    if len(picks) > 1:
+        other = next(p[1] for p in picks if p[1] is not sched)
+        why += f" (fewer tile-times than the clusters of {other.cluster_size}'s best tile)"
+    group = _raster_group(problem, cfg, device, clustered=True)
+    return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
 def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | None,
@@ -1466,10 +1505,13 @@ def _b_rows_unaligned(problem: Problem) -> bool:
 
 
 def _tile_speeds(sched, problem: Problem) -> dict:
-    """UNALIGNED_B_TILE_SPEED for the cluster kernels on B rows that are not whole lines,
-    where it was measured (also when the schedule is forced), else TILE_SPEED."""
-    return (UNALIGNED_B_TILE_SPEED if sched.cluster_size > 1 and _b_rows_unaligned(problem)
-            else TILE_SPEED)
+    """UNALIGNED_B_TILE_SPEED (UNALIGNED_B_QUAD_TILE_SPEED for clusters of four) for the
+    cluster kernels on B rows that are not whole lines, where it was measured (also when the
+    schedule is forced), else TILE_SPEED."""
+    if sched.cluster_size > 1 and _b_rows_unaligned(problem):
+        return (UNALIGNED_B_QUAD_TILE_SPEED if sched is UNALIGNED_B_QUAD_SCHEDULE
+                else UNALIGNED_B_TILE_SPEED)
+    return TILE_SPEED
 
 
 def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: tuple = (),

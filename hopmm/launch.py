@@ -367,12 +367,13 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     kernel, smem, device_id = _checked_kernel(sched, cfg, cupy.cuda.Device().id)
 
     # A: K-major -> one box of (64 k, a_rows rows); M-major -> boxes of (64 m, 64 k).
-    # B: N-major -> boxes of (64 n, 64 k); K-major -> one box of (64 k, b_rows rows).
+    # B: N-major -> boxes of (64 n, 64 k, or a cluster CTA's k slice of them); K-major -> one
+    # box of (64 k, b_rows rows).
     # The schedule says how many rows a K-major box holds (a cluster loads slices of a tile).
     a_rows, b_rows = sched.box_rows(cfg)
     spec_a = (matrix_spec(a3, "rows", cfg.block_k) if cfg.trans_a
               else matrix_spec(a3, "cols", a_rows))
-    spec_b = (matrix_spec(b3, "cols", cfg.block_k) if cfg.trans_b
+    spec_b = (matrix_spec(b3, "cols", sched.mn_box_k_rows(cfg)) if cfg.trans_b
               else matrix_spec(b3, "rows", b_rows))
     templates = [_map_template(spec) for spec in (spec_a, spec_b)]
     if cfg.row_store:  # C's parameter carries its address only: the kernel stores by rows
@@ -386,7 +387,7 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         # the first: the same maps at other addresses, given after C's at each launch.
         templates += [templates[1]] + [templates[2]] * (sched.outputs - 1)
     tiles_m, tiles_n = sched.tiles(problem, cfg)
-    sm_count = query(device_id).sm_count
+    sm_count = sched.resident_ctas(query(device_id))
     programmatic = programmatic_launch()
     launches = []
     for z0, count in layout.batch_chunks(problem.batch):

@@ -45,6 +45,7 @@ EPILOGUE_BOX_FETCH_REGS = 96
 # Rows of one 128-byte swizzle atom: TMA boxes of K-major tiles hold whole atoms.
 SWIZZLE_ATOM_ROWS = 8
 CLUSTER_PAIR = 2          # CTAs per thread-block cluster of the cluster schedule
+CLUSTER_QUAD = 4          # ... and of its four-CTA variant
 # The epilogue stages each consumer's part of the output tile box by box (64 rows x 64
 # columns, one TMA store each) through a ring of staging boxes (epilogue_tma_store.cuh).
 C_BOX_BYTES = WGMMA_M * TMA_BOX_ELEMS * ELEM_BYTES
@@ -259,6 +260,11 @@ class WarpSpecializedSchedule:
         boxes.)"""
         return min(TMA_BOX_ELEMS, cfg.a_load_rows), TMA_BOX_ELEMS
 
+    @classmethod
+    def mn_box_k_rows(cls, cfg: KernelConfig) -> int:
+        """k rows of one TMA box of an MN-major B (its columns: 64 of N): a whole k-block."""
+        return cfg.block_k
+
     @staticmethod
     def consumer_rows(cfg: KernelConfig) -> int:
         """Rows of an output tile one consumer warpgroup computes: the consumers split each
@@ -303,6 +309,12 @@ class WarpSpecializedSchedule:
         """One CTA per tile: x is the linear tile index (ordered by the raster), z the batch."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
         return (tiles_m * tiles_n, 1, batch_count)
+
+    @classmethod
+    def resident_ctas(cls, device) -> int:
+        """The CTAs of this kernel that run at once on `device` (grid's `sm_count`): one per
+        SM."""
+        return device.sm_count
 
     @classmethod
     def check_grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
@@ -458,6 +470,24 @@ class PersistentClusterSchedule(PersistentSchedule):
         return TMA_BOX_ELEMS, cfg.block_n // cls.cluster_size
 
     @classmethod
+    def mn_box_k_rows(cls, cfg: KernelConfig) -> int:
+        """An MN-major B tile of fewer 64-wide boxes than the cluster has CTAs is loaded in k
+        slices, one per CTA, of every box (producer_tma_multicast.cuh); otherwise whole boxes
+        are dealt out."""
+        if cfg.block_n // TMA_BOX_ELEMS < cls.cluster_size:
+            return cfg.block_k // cls.cluster_size
+        return cfg.block_k
+
+    @classmethod
+    def resident_ctas(cls, device) -> int:
+        """The CTAs of whole clusters that run at once: a cluster lies inside one GPC, so where
+        GPCs differ in size fewer than the SM count (device.cluster_capacity)."""
+        clusters = device.clusters_at_once(cls.cluster_size)
+        if clusters is None:
+            clusters = device.sm_count // cls.cluster_size
+        return clusters * cls.cluster_size
+
+    @classmethod
     def pairs(cls, problem: Problem, cfg: KernelConfig, batch_count: int) -> int:
         """Tile groups the clusters walk: ceil(M tiles / cluster_size) x N tiles per slice."""
         tiles_m, tiles_n = cls.tiles(problem, cfg)
@@ -466,8 +496,9 @@ class PersistentClusterSchedule(PersistentSchedule):
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
              sm_count: int, splits: int = 1) -> tuple[int, int, int]:
-        """One cluster per pair of SMs (at most one per pair of tiles); x is a multiple of the
-        cluster size, as __cluster_dims__ requires."""
+        """One cluster per cluster_size of the `sm_count` resident CTAs (resident_ctas; at most
+        one per group of tiles); x is a multiple of the cluster size, as __cluster_dims__
+        requires."""
         clusters = min(max(1, sm_count // cls.cluster_size),
                        cls.pairs(problem, cfg, batch_count))
         return (clusters * cls.cluster_size, 1, 1)
@@ -489,6 +520,24 @@ class PersistentClusterSchedule(PersistentSchedule):
             pair_m, n_tile = grouped_raster(p % per_slice, pairs_m, tiles_n, pair_group)
             out.append((p // per_slice, pair_m * cls.cluster_size + rank, n_tile))
         return out
+
+
+class PersistentClusterQuadSchedule(PersistentClusterSchedule):
+    """The cluster kernel in clusters of four CTAs on vertically adjacent tiles: each loads its
+    A tile and a quarter of the shared B tile. For tall products of few columns, whose tiles
+    (64-row ones among them) each read all of a narrow B: per k-block a 64 x 192 tile then
+    pulls 64 + 48 rows from L2 instead of 64 + 192, the L2 -> SM traffic that bounds such
+    products where B's rows are not whole cache lines (each box row then spans two): the
+    heuristic takes it there (heuristics.UNALIGNED_B_QUAD_SCHEDULE). On whole-line rows it ran
+    no faster than the persistent kernel's tiles, with 120 of an H100's 132 SMs in clusters
+    of four (bench/NOTES.md v0.39)."""
+
+    name = "persistent_cluster4"
+    cluster_size = CLUSTER_QUAD
+    tall_block_ns = ()
+    short_block_ns = PersistentClusterSchedule.block_ns
+    slots = dict(PersistentClusterSchedule.slots,
+                 KERNEL_ATTRIBUTES=f"__cluster_dims__({CLUSTER_QUAD}, 1, 1) ")
 
 
 class PersistentOverlapSchedule(PersistentSchedule):
@@ -840,6 +889,7 @@ class StreamKSchedule(PersistentSchedule):
 
 SCHEDULES = {s.name: s for s in (WarpSpecializedSchedule, PersistentSchedule,
                                  PersistentOverlapSchedule, PersistentClusterSchedule,
+                                 PersistentClusterQuadSchedule,
                                  PersistentClusterOverlapSchedule, PingPongSchedule,
                                  SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedule,
                                  StreamKSchedule)}
@@ -1177,6 +1227,11 @@ class GemvSchedule:
     @staticmethod
     def launch_cluster(splits: int = 1) -> tuple[int, int, int]:
         return (1, 1, 1)
+
+    @staticmethod
+    def resident_ctas(device) -> int:
+        """As the tile schedules' (grid's `sm_count`, which gemv's grid does not need)."""
+        return device.sm_count
 
     @classmethod
     def scratch_bytes(cls, problem: Problem, cfg: GemvConfig, batch_count: int,

@@ -96,7 +96,7 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
         raise ValueError(f"splits {splits!r} invalid for schedule {entry.schedule!r}")
     # The launch's own checks: a split count within its bound, stream_k's CTAs for its lanes.
     batch_count = min(problem.batch, MAX_GRID_Z)
-    sched.grid(problem, cfg, batch_count, device.sm_count, splits)
+    sched.grid(problem, cfg, batch_count, sched.resident_ctas(device), splits)
     sched.check_grid(problem, cfg, batch_count, entry.raster_group, splits)
     return Choice(sched, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
                               f"({table_path()})"

@@ -14,9 +14,11 @@ from hopmm.device import H100_SXM, DeviceInfo
 from hopmm.heuristics import Choice
 from hopmm.problem import Problem
 from hopmm.schedules import (CLUSTER_PAIR, SCHEDULES, TMA_BOX_ELEMS,
-                             PersistentClusterSchedule, PersistentSchedule)
+                             PersistentClusterQuadSchedule, PersistentClusterSchedule,
+                             PersistentSchedule)
 
 Cluster = PersistentClusterSchedule
+Quad = PersistentClusterQuadSchedule
 CONFIGS = Cluster.configs(H100_SXM.smem_per_block_optin)
 
 
@@ -105,20 +107,24 @@ WALKS = [(1, 1, 1, 1, 66), (3, 1, 1, 1, 66), (5, 7, 3, 1, 4), (17, 5, 16, 3, 7),
          (32, 112, 16, 1, 66), (7, 2, 4, 5, 66), (2, 2, 1, 2, 1), (9, 9, 32, 2, 13)]
 
 
+@pytest.mark.parametrize("sched", [Cluster, Quad], ids=lambda s: s.name)
 @pytest.mark.parametrize("tiles_m,tiles_n,group,batch,clusters", WALKS, ids=str)
-def test_cluster_walk_covers_every_tile_once(tiles_m, tiles_n, group, batch, clusters):
-    walks = [Cluster.cta_tiles(cta, clusters, tiles_m, tiles_n, group, batch)
-             for cta in range(clusters * CLUSTER_PAIR)]
+def test_cluster_walk_covers_every_tile_once(tiles_m, tiles_n, group, batch, clusters, sched):
+    size = sched.cluster_size
+    walks = [sched.cta_tiles(cta, clusters, tiles_m, tiles_n, group, batch)
+             for cta in range(clusters * size)]
     inside = [t for w in walks for t in w if t[1] < tiles_m]
     assert sorted(inside) == list(itertools.product(range(batch), range(tiles_m), range(tiles_n)))
     for c in range(clusters):
-        first, second = walks[CLUSTER_PAIR * c], walks[CLUSTER_PAIR * c + 1]
-        assert len(first) == len(second)   # both CTAs run the same iterations
-        for (z0, m0, n0), (z1, m1, n1) in zip(first, second):
-            assert (z0, n0) == (z1, n1) and m0 % 2 == 0 and m1 == m0 + 1   # one shared B tile
-            assert m0 < tiles_m and (m1 < tiles_m or m1 == tiles_m == m0 + 1)
+        ranks = walks[size * c:size * (c + 1)]
+        assert len({len(w) for w in ranks}) == 1   # every CTA runs the same iterations
+        for step in zip(*ranks):
+            (z0, m0, n0) = step[0]
+            assert m0 % size == 0 and m0 < tiles_m
+            # one shared B tile: the same batch slice and N tile, adjacent M tiles
+            assert list(step) == [(z0, m0 + rank, n0) for rank in range(size)]
     outside = [t for w in walks for t in w if t[1] >= tiles_m]
-    assert len(outside) == (tiles_m % 2) * tiles_n * batch
+    assert len(outside) == (-tiles_m % size) * tiles_n * batch
 
 
 def test_cluster_walk_keeps_a_wave_compact():
@@ -173,9 +179,12 @@ class _Array:
         self.data = type("Ptr", (), {"ptr": 1 << 20})()
 
 
-@pytest.mark.parametrize("block_m,block_n", [(128, 128), (128, 192), (128, 256), (192, 192)])
+@pytest.mark.parametrize("sched,block_m,block_n",
+                         [(s, *t) for s in (Cluster, Quad) for t in s.tile_shapes()],
+                         ids=lambda v: getattr(v, "name", v))
 @pytest.mark.parametrize("b_major", ["k", "n"])
-def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_m, block_n, b_major):
+def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, sched, block_m, block_n,
+                                                   b_major):
     import types
 
     from hopmm import _tensormap
@@ -189,25 +198,31 @@ def test_launch_builds_the_b_box_from_the_schedule(monkeypatch, block_m, block_n
         kernel=types.SimpleNamespace(ptr=0)))
     monkeypatch.setattr(_tensormap, "KernelLaunch", _RecordedLaunch)
     problem = Problem(m, n, k, 1, "float16", "k", b_major)
-    cfg = Cluster.deepest("float16", block_n, False, problem.trans_b,
-                          H100_SXM.smem_per_block_optin, block_m)
+    cfg = sched.deepest("float16", block_n, False, problem.trans_b,
+                        H100_SXM.smem_per_block_optin, block_m)
     a3 = _Array((1, m, k), (m * k, k, 1))
     b3 = _Array((1, k, n), (k * n, n, 1)) if b_major == "n" else _Array((1, k, n), (k * n, 1, k))
     c3 = _Array((1, m, n), (m * n, n, 1))
     from hopmm.layout import BatchMapping
 
     one = BatchMapping(0, 0, 1, 1)
-    (launched,) = launch.build_launches(Choice(Cluster, cfg, "test", 16), problem, a3, one, b3,
+    (launched,) = launch.build_launches(Choice(sched, cfg, "test", 16), problem, a3, one, b3,
                                         one, c3)
     (_, _, _, a_box, *_), (_, b_dims, _, b_box, *_), _ = launched.templates
     assert a_box == (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1)   # a K-major A tile in 64-row boxes
-    # K-major B: a box of half the tile's rows; N-major B: 64 x 64 boxes as always.
-    assert b_box == ((TMA_BOX_ELEMS, block_n // CLUSTER_PAIR, 1) if b_major == "k"
-                     else (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1))
+    # K-major B: a box of a 1/cluster share of the tile's rows; N-major B: 64 x 64 boxes dealt
+    # out whole where the tile has a box per CTA, else each CTA's k slice of every box (a
+    # quarter of 64 k rows in the clusters of four, for 128 and 192 columns).
+    size = sched.cluster_size
+    n_major_k_rows = TMA_BOX_ELEMS if block_n // TMA_BOX_ELEMS >= size else TMA_BOX_ELEMS // size
+    assert size == 2 or n_major_k_rows == (TMA_BOX_ELEMS if block_n == 256 else 16)
+    assert b_box == ((TMA_BOX_ELEMS, block_n // size, 1) if b_major == "k"
+                     else (TMA_BOX_ELEMS, n_major_k_rows, 1))
     assert b_dims[:2] == ((k, n) if b_major == "k" else (n, k))
     tiles_m, tiles_n = -(-m // block_m), -(-n // block_n)
-    # 3 M tiles of 128 rows -> 2 pairs per N column, 2 of 192 rows -> 1 pair
-    assert launched.grid == (CLUSTER_PAIR * -(-tiles_m // CLUSTER_PAIR) * tiles_n, 1, 1)
+    # 3 M tiles of 128 rows -> 2 pairs per N column (1 group of four), 2 of 192 rows -> 1 pair,
+    # 5 of 64 rows -> 2 groups of four
+    assert launched.grid == (size * -(-tiles_m // size) * tiles_n, 1, 1)
     assert launched.block_x == (1 + block_m // 64) * 128
     assert launched.ints[7:] == (tiles_m, tiles_n, 16, m, n)
 

@@ -183,17 +183,23 @@ def test_explain_shows_the_cluster():
     assert int(grid[:grid.index(",")]) % 2 == 0
 
 
-@pytest.mark.parametrize("tile", TILES, ids=TILE_IDS)
-def test_every_cluster_of_the_grid_is_resident(tile):
-    """The persistent grid has floor(SM count / 2) clusters; if the GPCs cannot hold that many
-    pairs of co-scheduled CTAs at once, the surplus clusters wait for a whole wave (a tail of
-    up to 2x). Asks the driver (cuOccupancyMaxActiveClusters through cuda-bindings)."""
+@pytest.mark.parametrize("schedule,tile", [(CLUSTER, t) for t in TILES]
+                         + [("persistent_cluster4", t) for t in (128, 256, (64, 192))],
+                         ids=lambda v: v if isinstance(v, str)
+                         else "x".join(map(str, forced.tile_shape(v))))
+def test_every_cluster_of_the_grid_is_resident(schedule, tile):
+    """The persistent grid takes as many clusters as the device reports running at once
+    (resident_ctas); if the GPCs could not hold them all, the surplus clusters would wait for a
+    whole wave (a tail of up to 2x). Asks the driver (cuOccupancyMaxActiveClusters through
+    cuda-bindings) for this kernel itself."""
     import cupy
 
     from hopmm import launch
     from hopmm.device import query
     from hopmm.problem import Problem
-    from hopmm.schedules import PersistentClusterSchedule as Cluster
+    from hopmm.schedules import SCHEDULES
+
+    Cluster = SCHEDULES[schedule]
 
     try:
         from cuda.bindings import driver
@@ -202,7 +208,8 @@ def test_every_cluster_of_the_grid_is_resident(tile):
     dev = query(cupy.cuda.Device().id)
     block_m, block_n = forced.tile_shape(tile)
     cfg = Cluster.deepest("bfloat16", block_n, False, True, dev.smem_per_block_optin, block_m)
-    grid = Cluster.grid(Problem(8192, 8192, 8192, 1, "bfloat16"), cfg, 1, dev.sm_count)
+    grid = Cluster.grid(Problem(8192, 8192, 8192, 1, "bfloat16"), cfg, 1,
+                        Cluster.resident_ctas(dev))
     kernel_info = launch.compiled(Cluster, cfg)
     kernel = launch._loaded(str(kernel_info.cubin_path), kernel_info.name,
                             Cluster.smem_bytes(cfg), cupy.cuda.Device().id)
@@ -214,5 +221,9 @@ def test_every_cluster_of_the_grid_is_resident(tile):
     err, resident = driver.cuOccupancyMaxActiveClusters(driver.CUfunction(kernel.kernel.ptr),
                                                         config)
     assert err == driver.CUresult.CUDA_SUCCESS, err
-    print(f"{dev.name}: {resident} clusters of 2 resident at once; the grid has {grid[0] // 2}")
-    assert grid[0] // Cluster.cluster_size <= resident
+    size = Cluster.cluster_size
+    print(f"{dev.name}: {resident} clusters of {size} resident at once; the grid has "
+          f"{grid[0] // size}")
+    assert grid[0] // size <= resident
+    # and no fewer than fit: the grid fills the SMs the clusters can hold
+    assert grid[0] // size == min(resident, dev.sm_count // size)

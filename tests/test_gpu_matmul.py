@@ -14,8 +14,8 @@ EDGE = [1, 17, 100, 1000, 1023, 4097]
 
 
 SCHEDULE_NAMES = ["warp_specialized", "persistent", "persistent_overlap", "persistent_cluster",
-                  "persistent_cluster_overlap", "pingpong", "split_k", "split_k_cluster",
-                  "split_k_parallel"]
+                  "persistent_cluster4", "persistent_cluster_overlap", "pingpong", "split_k",
+                  "split_k_cluster", "split_k_parallel"]
 
 
 @pytest.fixture(autouse=True)
@@ -246,10 +246,12 @@ def test_fallback_visible_and_strict(monkeypatch):
 # (192 would need 5.3); persistent_overlap has 128 and 192 (8 waves of 128 at 0.9 x the speed
 # against 6 of 192: 1138 against 1141 tile-width units); cluster pairs: 256 tiles of 128 x 256
 # in 3.9 waves of 66 clusters (persistent_cluster_overlap, 128 or 192 wide: 7.8 waves of pairs
-# of 128 against 5.3 of 192, as persistent_overlap); pingpong and the split-K schedules have
-# 128-wide tiles only.
+# of 128 against 5.3 of 192, as persistent_overlap); clusters of four, 30 of them at once on an
+# H100: 704 tiles of 128 x 192 in 5.9 waves (6 tile-times of 192 / 1.01) against 512 of 128 x
+# 256 in 4.3 (5 of 256); pingpong and the split-K schedules have 128-wide tiles only.
 EXPLAIN_4096_WIDTH = {"warp_specialized": 256, "persistent": 256, "persistent_overlap": 128,
-                      "persistent_cluster": 256, "persistent_cluster_overlap": 128,
+                      "persistent_cluster": 256, "persistent_cluster4": 192,
+                      "persistent_cluster_overlap": 128,
                       "pingpong": 128, "split_k": 128, "split_k_cluster": 128,
                       "split_k_parallel": 128}
 

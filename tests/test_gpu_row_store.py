@@ -13,7 +13,7 @@ import forced
 pytestmark = requires_hopper
 
 ROW_STORE_SCHEDULES = ("warp_specialized", "persistent", "persistent_overlap", "pingpong",
-                       "persistent_cluster", "persistent_cluster_overlap")
+                       "persistent_cluster", "persistent_cluster4", "persistent_cluster_overlap")
 # Tile edges on every side, one row, one column, K below one k-block, K of 14 k-blocks less a
 # few, an N that ends mid-chunk.
 EDGE_SHAPES = [(129, 257, 130), (1, 263, 192), (200, 1, 192), (136, 145, 40), (300, 517, 849)]

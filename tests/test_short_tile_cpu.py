@@ -23,12 +23,14 @@ def choose(m, n, k, batch=1, dtype="bfloat16", device=H100, schedule=None, epilo
                              epilogue)
 
 
-def test_only_the_persistent_and_overlap_kernels_offer_64_row_tiles():
+def test_which_kernels_offer_64_row_tiles():
     offered = {name: [t for t in s.tile_shapes() if t[0] == WGMMA_M]
                for name, s in SCHEDULES.items() if not s.split_k}
     assert offered.pop("persistent") == [(64, 128), (64, 192), (64, 256)]
     # two 64 x 256 accumulator sets would take all 256 registers of a consumer
     assert offered.pop("persistent_overlap") == [(64, 128), (64, 192)]
+    # clusters of four: 64-row tiles of tall products, each quarter of B loaded once per group
+    assert offered.pop("persistent_cluster4") == [(64, 128), (64, 192), (64, 256)]
     assert not any(offered.values()), offered
 
 

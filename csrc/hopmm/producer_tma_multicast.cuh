@@ -27,7 +27,14 @@ struct MulticastTmaProducer {
     // boxes do not divide evenly (192 wide: 3 boxes for 2 CTAs) the odd one alternates, so
     // every CTA issues the same number of TMA loads on average.
     static constexpr int kMnBoxes = S::kBlockN / kTmaBoxElems;
-    static_assert(kMnBoxes >= S::kClusterSize, "every CTA multicasts at least one box");
+    // Where the cluster has more CTAs than the tile has boxes, each CTA instead loads a
+    // 1/kClusterSize slice of the k rows of every box (the B tensor map's box is that many
+    // rows deep, see schedules.PersistentClusterSchedule.mn_box_k_rows).
+    static constexpr bool kSliceBoxesByK = kMnBoxes < S::kClusterSize;
+    static constexpr int kBoxSliceK = S::kBlockK / S::kClusterSize;
+    static constexpr u32 kBoxSliceBytes = kBoxSliceK * kSwizzleBytes;
+    static_assert(!kSliceBoxesByK || kBoxSliceBytes % kSmemAlign == 0,
+                  "each k slice of a box is whole 1024-byte swizzle atoms (8 rows of 128 bytes)");
     // K-major B: CTA r loads rows r * kSliceRows ... of the tile, one box (the B tensor map's
     // box is kSliceRows rows, see schedules.PersistentClusterSchedule.box_rows).
     static constexpr int kSliceRows = S::kBlockN / S::kClusterSize;
@@ -42,7 +49,12 @@ struct MulticastTmaProducer {
                                                              const TensorMap* map, u64* bar,
                                                              int rank, int kb, int n0, int z) {
         const int k0 = kb * S::kBlockK;
-        if (Cfg::kTransB) {
+        if (Cfg::kTransB && kSliceBoxesByK) {
+#pragma unroll
+            for (int i = 0; i < kMnBoxes; ++i)
+                tma_load_3d_multicast(tile + i * S::kBBoxBytes + rank * kBoxSliceBytes, map, bar,
+                                      n0 + i * kTmaBoxElems, k0 + rank * kBoxSliceK, z, kAllCtas);
+        } else if (Cfg::kTransB) {
 #pragma unroll
             for (int i = 0; i < kMnBoxes; ++i)
                 if ((i + kb) % S::kClusterSize == rank)
