@@ -363,11 +363,10 @@ def _overlap_widths(problem: Problem, device: DeviceInfo, epilogue_reads: bool) 
 
 
 def _workers(sched, device: DeviceInfo) -> tuple[int, str]:
-    """What takes one (group of cluster_size) tile(s) at a time: SMs, or clusters of them."""
-    if sched.cluster_size == 1:
-        return device.sm_count, "SMs"
-    return (sched.resident_ctas(device) // sched.cluster_size,
-            f"clusters of {sched.cluster_size}")
+    """What takes one (group of cluster_size) tile(s) at a time: SMs, or the clusters of them
+    that run at once (resident_ctas)."""
+    workers = sched.resident_ctas(device) // sched.cluster_size
+    return workers, ("SMs" if sched.cluster_size == 1 else f"clusters of {sched.cluster_size}")
 
 
 def _tile_groups(sched, problem: Problem, shape: tuple[int, int]) -> int:
@@ -1204,7 +1203,7 @@ def _unaligned_b_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
     """The cluster kernel for B rows that are not whole cache lines (_b_rows_unaligned): the
     pair's fastest tile, or the four-CTA cluster's where the product has at most
     UNALIGNED_B_QUAD_MAX_N columns, the device reports the clusters' capacity and the wave model
-    puts that tile ahead (each ranked as _fastest_tile ranks them); None where
+    puts that tile ahead (_ranked_time, as _fastest_tile ranks them); None where
     neither has enough M tiles for a cluster or a tile with FAST_STAGES stages."""
     picks = []
     for sched in (UNALIGNED_B_SCHEDULE, UNALIGNED_B_QUAD_SCHEDULE):
@@ -1216,11 +1215,9 @@ def _unaligned_b_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
             continue
         picked = _fastest_tile(sched, problem, device)
         if picked is not None and picked[0].stages >= FAST_STAGES:
-            cfg = picked[0]
-            shape = (cfg.block_m, cfg.block_n)
-            time = (_relative_time(sched, problem, device, shape, _tile_speeds(sched, problem))
-                    * (SHORT_TILE_MIN_GAIN if cfg.block_m == WGMMA_M else 1.0))
-            picks.append((time, sched, picked))
+            shape = (picked[0].block_m, picked[0].block_n)
+            picks.append((_ranked_time(sched, problem, device, shape,
+                                       _tile_speeds(sched, problem)), sched, picked))
     if not picks:
         return None
     _, sched, (cfg, why) = min(picks, key=lambda p: p[0])
@@ -1514,6 +1511,14 @@ def _tile_speeds(sched, problem: Problem) -> dict:
     return TILE_SPEED
 
 
+def _ranked_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int, int],
+                 speeds: dict, overlap_widths: tuple = ()) -> float:
+    """What _fastest_tile ranks a tile shape by: its _relative_time, SHORT_TILE_MIN_GAIN times
+    over for a 64-row tile."""
+    return (_relative_time(sched, problem, device, shape, speeds, overlap_widths)
+            * (SHORT_TILE_MIN_GAIN if shape[0] == WGMMA_M else 1.0))
+
+
 def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: tuple = (),
                   short: bool = True):
     """(config, why) of the tile shape of `sched` with the fewest tile-times (_relative_time
@@ -1530,9 +1535,8 @@ def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: t
     if not fits:
         return None
     ranked = sorted(fits, key=lambda t: (configs[t].stages < FAST_STAGES,
-                                         _relative_time(sched, problem, device, t, speeds,
-                                                        overlap_widths)
-                                         * (SHORT_TILE_MIN_GAIN if t[0] == WGMMA_M else 1.0)))
+                                         _ranked_time(sched, problem, device, t, speeds,
+                                                      overlap_widths)))
     cfg = configs[ranked[0]]
     why = "".join(f"a {m}x{n} tile leaves fewer than {MIN_STAGES} stages; "
                   for m, n in shapes if configs[m, n] is None)
