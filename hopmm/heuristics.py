@@ -1194,6 +1194,10 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
                                f"memory per block is too little for split-K's 128x128 tile")
     if schedule is None and _b_rows_unaligned(problem):
         unaligned = _unaligned_b_choice(problem, device)
+        if unaligned is not None and _store_bound(problem, device):
+            instead = (f"clusters of {unaligned.schedule.cluster_size} CTAs sharing B's tiles, "
+                       f"whose rows are not whole 128-byte lines")
+            unaligned = _store_bound_choice(problem, device, instead) or unaligned
         if unaligned is not None:
             return unaligned
     return _persistent_choice(problem, device, schedule, epilogue_reads, short)
@@ -1269,66 +1273,69 @@ def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | Non
             if narrow is not None:
                 sched, (cfg, why) = PersistentSchedule, narrow
         if _store_bound(problem, device):
-            return _store_bound_choice(problem, device, why)
+            stored = _store_bound_choice(problem, device, why)
+            if stored is not None:
+                return stored
     group = _raster_group(problem, cfg, device, clustered=sched.cluster_size > 1)
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group)
 
 
-# Store-bound products (K of one k-block, a result of at least STORE_BOUND_C_SHARE x the
-# operands' bytes, several waves) run at the rate C is written: 128 x 256 tiles with each
-# consumer's whole tile staged (all its stores in flight while the next tile computes) in
-# waves along rows of tiles (a wave writes whole rows of C) wrote up to 2.72 TB/s, 1.03 x the
-# tile-time model's pick on 52 such problems; where 128 x 256 pads N by more than
-# STORE_BOUND_PAD over 128 x 128, and at two k-blocks, it ran level (bench/NOTES.md v0.32).
-STORE_BOUND_MAX_K_BLOCKS = 1
+# Store-bound products (K of at most STORE_BOUND_MAX_K_BLOCKS k-blocks, a result of at least
+# STORE_BOUND_C_SHARE x the operands' bytes, several waves) run at the rate C is written: each
+# consumer's whole tile staged (all its stores in flight while the next tile computes), in waves
+# along rows of tiles (a wave writes whole rows of C), whatever B's alignment (the clusters of
+# _unaligned_b_choice ran 0.78-0.97 x this there). Of the 128-row tiles the width with fewer
+# tile bytes per SM over the whole waves (ties: 256); at one k-block, results of rows of at
+# least STORE_BOUND_SHORT_MIN_N columns and at least STORE_BOUND_SHORT_MIN_BYTES (about twice
+# the H100's L2) on the 64 x 256 tile, which ran 1.05 x the 128-row tiles there (32 problems,
+# 0.99-1.13) and 0.96 x on smaller results (9, 0.87-1.03) (NOTES v0.40; v0.32 and v0.38 for
+# the rules before). Results stored by rows (KernelConfig.row_store) take the short-K row
+# store's tile instead (_short_k_row_store).
+STORE_BOUND_MAX_K_BLOCKS = 2
 STORE_BOUND_C_SHARE = 10
 STORE_BOUND_RASTER_GROUP = 1
-STORE_BOUND_WIDTH = 256
-STORE_BOUND_PAD = 0.02
-# Results of at least STORE_BOUND_SHORT_MIN_N columns and STORE_BOUND_SHORT_MIN_M rows were
-# written faster still on the 64 x 256 tile (one consumer) in groups of STORE_BOUND_SHORT_GROUP
-# M-tiles: 1.041 x (0.99-1.16) on 30 such problems of the tuning seeds, where fewer rows (6
-# problems) ran 0.96 x and fewer columns (24) 0.98 x (bench/NOTES.md v0.38). Results stored by
-# rows (KernelConfig.row_store) take the short-K row store's tile instead (_short_k_row_store).
-STORE_BOUND_SHORT_MIN_N = 11776
-STORE_BOUND_SHORT_MIN_M = 1728
-STORE_BOUND_SHORT_GROUP = 4
+STORE_BOUND_WIDTHS = (256, 192)
+STORE_BOUND_SHORT_MAX_K_BLOCKS = 1
+STORE_BOUND_SHORT_MIN_N = 7168
+STORE_BOUND_SHORT_MIN_BYTES = 96 << 20
 
 
 def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
-    c_bytes = _result_bytes(problem)
-    padded = -(-problem.n // STORE_BOUND_WIDTH) * STORE_BOUND_WIDTH
     return (_k_blocks(problem) <= STORE_BOUND_MAX_K_BLOCKS
-            and c_bytes >= STORE_BOUND_C_SHARE * _operand_bytes(problem)
-            and _tiles(problem, BLOCK_M, STORE_BOUND_WIDTH) > device.sm_count
-            and padded <= -(-problem.n // UNSPLIT_BLOCK_N) * UNSPLIT_BLOCK_N
-            + STORE_BOUND_PAD * problem.n)
+            and _result_bytes(problem) >= STORE_BOUND_C_SHARE * _operand_bytes(problem)
+            and _tiles(problem, BLOCK_M, STORE_BOUND_WIDTHS[0]) > device.sm_count)
 
 
-def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice:
+def _store_bound_tile(problem: Problem, device: DeviceInfo) -> tuple[int, int]:
+    """The store-bound tile (above): 64 x 256 for large results of wide rows at one k-block,
+    else the 128-row width whose whole waves put the fewest tile bytes on an SM."""
+    if (_k_blocks(problem) <= STORE_BOUND_SHORT_MAX_K_BLOCKS
+            and problem.n >= STORE_BOUND_SHORT_MIN_N
+            and _result_bytes(problem) >= STORE_BOUND_SHORT_MIN_BYTES):
+        return (WGMMA_M, STORE_BOUND_WIDTHS[0])
+
+    def per_sm(width: int) -> int:
+        return -(-_tiles(problem, BLOCK_M, width) // device.sm_count) * BLOCK_M * width
+
+    return (BLOCK_M, min(STORE_BOUND_WIDTHS, key=per_sm))   # min keeps the first of ties
+
+
+def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice | None:
     """The persistent kernel for a store-bound problem (_store_bound), as above; `why`: the
-    reason of the choice it replaces."""
-    if problem.n >= STORE_BOUND_SHORT_MIN_N and problem.m >= STORE_BOUND_SHORT_MIN_M:
-        cfg = PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH, problem.trans_a,
-                                         problem.trans_b, device.smem_per_block_optin, WGMMA_M)
-        if cfg is not None:
-            why = (f"K of one k-block and a result of {_result_bytes(problem) / 1e6:.0f} MB in "
-                   f"rows of {problem.n} columns: the stores set the pace, so "
-                   f"{WGMMA_M}x{STORE_BOUND_WIDTH} tiles (instead of: {why})")
-            return Choice(PersistentSchedule, cfg,
-                          _with_memory_plan(why, cfg, device, STORE_BOUND_SHORT_GROUP),
-                          STORE_BOUND_SHORT_GROUP)
-    cfg = _whole_row_staging(PersistentSchedule,
-                             PersistentSchedule.deepest(problem.dtype, STORE_BOUND_WIDTH,
-                                                        problem.trans_a, problem.trans_b,
-                                                        device.smem_per_block_optin),
-                             problem, device)
+    reason of the choice it replaces. None where that tile does not fit the device."""
+    block_m, block_n = _store_bound_tile(problem, device)
+    deepest = PersistentSchedule.deepest(problem.dtype, block_n, problem.trans_a,
+                                         problem.trans_b, device.smem_per_block_optin, block_m)
+    if deepest is None:
+        return None
+    cfg = _whole_row_staging(PersistentSchedule, deepest, problem, device)
     staging = ("the whole tile" if cfg.c_buffers == PersistentSchedule.c_boxes(cfg)
                else "a ring of boxes")
-    why = (f"K of one k-block and a result of "
-           f"{_result_bytes(problem) / 1e6:.0f} MB: the stores set "
-           f"the pace, so {BLOCK_M}x{STORE_BOUND_WIDTH} tiles with {staging} staged per "
-           f"consumer, in waves along rows of tiles (instead of: {why})")
+    rows = (f" in rows of {problem.n} columns" if block_m == WGMMA_M else "")
+    why = (f"K of {_k_blocks(problem)} k-block{'s' if _k_blocks(problem) > 1 else ''} and a "
+           f"result of {_result_bytes(problem) / 1e6:.0f} MB{rows}: the stores set the pace, "
+           f"so {block_m}x{block_n} tiles with {staging} staged per consumer, in waves along "
+           f"rows of tiles (instead of: {why})")
     return Choice(PersistentSchedule, cfg,
                   _with_memory_plan(why, cfg, device, STORE_BOUND_RASTER_GROUP),
                   STORE_BOUND_RASTER_GROUP)

@@ -2,12 +2,13 @@
 workspace, the forced choice and its model, its place in autotune, the rendered kernel's
 hand-off order; and the heuristic's store-bound rule for short K."""
 import random
+from dataclasses import replace
 
 import pytest
 
 from hopmm import heuristics, tuning
 from hopmm.device import H100_SXM
-from hopmm.problem import Problem
+from hopmm.problem import LINE_BYTES, Problem
 from hopmm.schedules import PersistentSchedule, StreamKSchedule as SK
 
 
@@ -148,42 +149,51 @@ def test_rendered_hand_off_order():
     assert order == sorted(order)
 
 
-@pytest.mark.parametrize("m,n,k", [(1024, 24896, 40), (13248, 1472, 64), (1700, 30000, 64),
-                                   (31872, 11520, 64)])
-def test_store_bound_problems(m, n, k):
-    """K of one k-block and a result ten times the operands, over several waves: the persistent
-    kernel's 128 x 256 tile with each consumer's whole tile staged, in waves along rows of
-    tiles; no tail (below STORE_BOUND_SHORT_MIN_M rows or STORE_BOUND_SHORT_MIN_N columns)."""
-    c = heuristics.choose(problem(m, n, k), H100_SXM)
-    assert c.schedule is PersistentSchedule and c.tail is None
-    assert c.config.block_n == 256
+@pytest.mark.parametrize("m,n,k,tile", [
+    (1024, 24896, 40, (128, 256)),    # 784 tiles of 256 (6 waves) or 1040 of 192 (8): a tie
+    (13248, 1472, 64, (128, 256)),    # 5 waves of 256 against 7 of 192
+    (13056, 5120, 64, (128, 192)),    # 21 waves of 192 hold fewer bytes than 16 of 256
+    (9920, 19328, 128, (128, 256)),   # two k-blocks: never the 64-row tile
+    (9536, 8256, 128, (128, 192)),
+    (31872, 14080, 64, (64, 256)),    # one k-block, wide rows, a large result
+    (7000, 8192, 64, (64, 256)),
+    (2000, 8192, 64, (128, 256)),     # wide rows, a result below STORE_BOUND_SHORT_MIN_BYTES
+    (8000, 7912, 40, (64, 256)),      # B rows of 15,824 B, off 128-byte lines
+    (6000, 7912, 40, (128, 192)),
+    (19131, 2840, 56, (128, 192)),
+])
+def test_store_bound_problems(m, n, k, tile):
+    """At most two k-blocks and a result ten times the operands, over several waves: the
+    persistent kernel with each consumer's whole tile staged, in waves along rows of tiles,
+    whatever B's alignment; the 128-row width of fewer tile bytes per SM over whole waves, or
+    the 64 x 256 tile for results of at least STORE_BOUND_SHORT_MIN_BYTES in rows of at least
+    STORE_BOUND_SHORT_MIN_N columns at one k-block; no tail."""
+    p = replace(problem(m, n, k), b_pitch_aligned=n * 2 % LINE_BYTES == 0)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is PersistentSchedule and c.tail is None and c.splits == 1
+    assert (c.config.block_m, c.config.block_n) == tile
     assert c.config.c_buffers == PersistentSchedule.c_boxes(c.config)
     assert c.raster_group == heuristics.STORE_BOUND_RASTER_GROUP
     assert "the stores set the pace" in c.reason
+    assert (f"rows of {n} columns" in c.reason) == (tile[0] == 64)
+    if not p.b_pitch_aligned:
+        assert "instead of: clusters of 2 CTAs sharing B's tiles" in c.reason
 
 
-@pytest.mark.parametrize("m,n,k", [(31872, 14080, 64), (15168, 22784, 64), (1728, 11776, 64)])
-def test_store_bound_results_of_wide_rows_take_64_row_tiles(m, n, k):
-    """At least STORE_BOUND_SHORT_MIN_N columns and STORE_BOUND_SHORT_MIN_M rows: the 64 x 256
-    tile in groups of STORE_BOUND_SHORT_GROUP (1.04 x the 128-row tiles on 30 such problems,
-    NOTES v0.38); a result stored by rows keeps the 128-row tile of the row store."""
+@pytest.mark.parametrize("m,n,k", [(31872, 14080, 64), (7000, 8192, 64), (13056, 5120, 64)])
+def test_store_bound_row_store_keeps_its_tile(m, n, k):
+    """A store-bound result stored by rows takes the short-K row store's 128-row tile."""
     p = problem(m, n, k)
-    c = heuristics.choose(p, H100_SXM)
-    assert c.schedule is PersistentSchedule and c.tail is None and c.splits == 1
-    assert (c.config.block_m, c.config.block_n) == (64, 256)
-    assert c.raster_group == heuristics.STORE_BOUND_SHORT_GROUP
-    assert "the stores set the pace" in c.reason and f"rows of {n} columns" in c.reason
-    rows = heuristics.row_store_choice(c, p, H100_SXM)
+    rows = heuristics.row_store_choice(heuristics.choose(p, H100_SXM), p, H100_SXM)
     assert rows.config.row_store and rows.config.block_m == 128
     assert rows.config.block_n == heuristics.ROW_STORE_SHORT_K_WIDTH
     assert rows.raster_group == heuristics.ROW_STORE_SHORT_K_GROUP
 
 
-@pytest.mark.parametrize("m,n,k", [(9920, 19328, 128),   # two k-blocks
+@pytest.mark.parametrize("m,n,k", [(9920, 19328, 192),   # three k-blocks
                                    (10048, 7360, 320), (960, 21376, 640),
                                    (600, 30000, 64),     # a result of 9 x the operands
-                                   (1000, 1000, 64),     # less than a wave
-                                   (27456, 6016, 64)])   # 256 pads N 2.1 % more than 128
+                                   (1000, 1000, 64)])    # less than a wave
 def test_not_store_bound(m, n, k):
     """The tile-time model's choice elsewhere."""
     c = heuristics.choose(problem(m, n, k), H100_SXM)
@@ -192,16 +202,19 @@ def test_not_store_bound(m, n, k):
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("a_major,b_major", [("k", "n"), ("m", "n"), ("k", "k"), ("m", "k")])
-def test_store_bound_kernels_compile_without_spills(dtype, a_major, b_major):
-    """The store-bound configs (the whole tile staged: 128 x 256 on three stages, which the
-    kernel matrix's deepest configs do not include) compile for sm_90a without spills, within
-    the shared memory, and store through TMA."""
+@pytest.mark.parametrize("m,n,tile", [(13248, 1472, (128, 256, 3)), (13056, 5120, (128, 192, 4)),
+                                      (7000, 8192, (64, 256, 4))])
+def test_store_bound_kernels_compile_without_spills(dtype, a_major, b_major, m, n, tile):
+    """The store-bound configs (the whole tile staged, on fewer stages than the kernel matrix's
+    deepest configs) compile for sm_90a without spills, within the shared memory, and store
+    through TMA."""
     from hopmm import compile as compiler
     from hopmm import sass
 
-    p = Problem(13248, 1472, 64, 1, dtype, a_major, b_major)
+    p = Problem(m, n, 64, 1, dtype, a_major, b_major)
     c = heuristics.choose(p, H100_SXM)
-    assert (c.config.block_n, c.config.stages, c.config.c_buffers) == (256, 3, 4)
+    assert (c.config.block_m, c.config.block_n, c.config.stages) == tile
+    assert c.config.c_buffers == PersistentSchedule.c_boxes(c.config)
     kernel = compiler.compile_kernel(c.schedule.render(c.config))
     r = kernel.report
     assert r.spill_stores == r.spill_loads == r.stack_frame == 0, kernel.name
