@@ -1306,24 +1306,32 @@ def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
             and _tiles(problem, BLOCK_M, STORE_BOUND_WIDTHS[0]) > device.sm_count)
 
 
-def _store_bound_tile(problem: Problem, device: DeviceInfo) -> tuple[int, int]:
-    """The store-bound tile (above): 64 x 256 for large results of wide rows at one k-block,
-    else the 128-row width whose whole waves put the fewest tile bytes on an SM."""
+def _store_bound_tile(problem: Problem, device: DeviceInfo) -> tuple[tuple[int, int], str]:
+    """(the store-bound tile (above), why): 64 x 256 for large results of wide rows at one
+    k-block, else the 128-row width whose whole waves put the fewest tile bytes on an SM."""
     if (_k_blocks(problem) <= STORE_BOUND_SHORT_MAX_K_BLOCKS
             and problem.n >= STORE_BOUND_SHORT_MIN_N
             and _result_bytes(problem) >= STORE_BOUND_SHORT_MIN_BYTES):
-        return (WGMMA_M, STORE_BOUND_WIDTHS[0])
+        return (WGMMA_M, STORE_BOUND_WIDTHS[0]), (
+            f"one k-block, a result of at least {STORE_BOUND_SHORT_MIN_BYTES >> 20} MiB in "
+            f"rows of at least {STORE_BOUND_SHORT_MIN_N} columns")
+
+    def waves(width: int) -> int:
+        return -(-_tiles(problem, BLOCK_M, width) // device.sm_count)
 
     def per_sm(width: int) -> int:
-        return -(-_tiles(problem, BLOCK_M, width) // device.sm_count) * BLOCK_M * width
+        return waves(width) * BLOCK_M * width * ELEM_BYTES
 
-    return (BLOCK_M, min(STORE_BOUND_WIDTHS, key=per_sm))   # min keeps the first of ties
+    width, other = sorted(STORE_BOUND_WIDTHS, key=per_sm)   # sorted keeps the first of ties
+    return (BLOCK_M, width), (
+        f"{waves(width)} waves of {BLOCK_M}x{width} tiles write {per_sm(width) >> 10} KiB an SM, "
+        f"{waves(other)} of {BLOCK_M}x{other} {per_sm(other) >> 10}")
 
 
 def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice | None:
     """The persistent kernel for a store-bound problem (_store_bound), as above; `why`: the
     reason of the choice it replaces. None where that tile does not fit the device."""
-    block_m, block_n = _store_bound_tile(problem, device)
+    (block_m, block_n), tile_why = _store_bound_tile(problem, device)
     deepest = PersistentSchedule.deepest(problem.dtype, block_n, problem.trans_a,
                                          problem.trans_b, device.smem_per_block_optin, block_m)
     if deepest is None:
@@ -1334,8 +1342,8 @@ def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choic
     rows = (f" in rows of {problem.n} columns" if block_m == WGMMA_M else "")
     why = (f"K of {_k_blocks(problem)} k-block{'s' if _k_blocks(problem) > 1 else ''} and a "
            f"result of {_result_bytes(problem) / 1e6:.0f} MB{rows}: the stores set the pace, "
-           f"so {block_m}x{block_n} tiles with {staging} staged per consumer, in waves along "
-           f"rows of tiles (instead of: {why})")
+           f"so {block_m}x{block_n} tiles ({tile_why}) with {staging} staged per consumer, in "
+           f"waves along rows of tiles (instead of: {why})")
     return Choice(PersistentSchedule, cfg,
                   _with_memory_plan(why, cfg, device, STORE_BOUND_RASTER_GROUP),
                   STORE_BOUND_RASTER_GROUP)

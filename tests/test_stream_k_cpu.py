@@ -176,6 +176,7 @@ def test_store_bound_problems(m, n, k, tile):
     assert c.raster_group == heuristics.STORE_BOUND_RASTER_GROUP
     assert "the stores set the pace" in c.reason
     assert (f"rows of {n} columns" in c.reason) == (tile[0] == 64)
+    assert ("KiB an SM" in c.reason) == (tile[0] == 128)
     if not p.b_pitch_aligned:
         assert "instead of: clusters of 2 CTAs sharing B's tiles" in c.reason
 
