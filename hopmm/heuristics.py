@@ -376,14 +376,19 @@ def _tile_groups(sched, problem: Problem, shape: tuple[int, int]) -> int:
     return -(-tiles_m // sched.cluster_size) * tiles_n * problem.batch
 
 
+def _waves(sched, problem: Problem, device: DeviceInfo, shape: tuple[int, int]) -> int:
+    """Waves of `shape` tiles (or of cluster_size groups of them), the last one counted whole."""
+    workers, _ = _workers(sched, device)
+    return -(-_tile_groups(sched, problem, shape) // workers)
+
+
 def _relative_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int, int],
                    speeds: dict, overlap_widths: tuple = ()) -> float:
     """Waves of tiles (the last one counts whole: its idle SMs still cost time) x the time of
     one tile of this shape: its main loop, and its epilogue unless the tile runs on the overlap
     kernel (widths in `overlap_widths` of the persistent kernel, or the overlap schedules). A
     cluster takes cluster_size vertically adjacent tiles at once."""
-    workers, _ = _workers(sched, device)
-    waves = -(-_tile_groups(sched, problem, shape) // workers)
+    waves = _waves(sched, problem, device, shape)
     overlapped = (issubclass(sched, (PersistentOverlapSchedule, PersistentClusterOverlapSchedule))
                   or shape[1] in overlap_widths)
     k_blocks = _k_blocks(problem)
@@ -1317,7 +1322,7 @@ def _store_bound_tile(problem: Problem, device: DeviceInfo) -> tuple[tuple[int, 
             f"rows of at least {STORE_BOUND_SHORT_MIN_N} columns")
 
     def waves(width: int) -> int:
-        return -(-_tiles(problem, BLOCK_M, width) // device.sm_count)
+        return _waves(PersistentSchedule, problem, device, (BLOCK_M, width))
 
     def per_sm(width: int) -> int:
         return waves(width) * BLOCK_M * width * ELEM_BYTES
