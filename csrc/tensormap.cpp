@@ -309,7 +309,8 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 // of a 9 us cached call on an H100 machine's host, bench/NOTES.md v0.11). The kernel's
 // parameters are the maps, in order, then `pointers` raw 64-bit device pointers (split-K's
 // workspace and semaphores), then the 32-bit integers. launch() takes one base address per map
-// followed by the pointers.
+// parameter followed by the pointers. A parameter may be a group of maps laid out one after
+// the other (a phased A's eight, each at its own offset from the one base address).
 // `programmatic`: launch with programmatic stream serialization (cuLaunchKernelEx), so that the
 // kernel may be scheduled before the previous kernel of the stream has finished; only for
 // kernels that wait (griddepcontrol.wait) before touching global memory. Drivers without
@@ -318,8 +319,9 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 // __cluster_dims__); (1, 1, 1) launches without one. It needs cuLaunchKernelEx.
 class KernelLaunch {
   public:
-    // A, B and C; split-K's workspace or the shared-A kernel's second B and C.
-    static constexpr size_t kMaxMaps = 5;
+    // A (one map, or a phased A's eight), B and C; split-K's workspace or the shared-A
+    // kernel's second B and C.
+    static constexpr size_t kMaxMaps = 12;
     static constexpr size_t kMaxPointers = 4;
     // The kernel's 12 integers (K, the batch mapping, the raster, the output's extent), a row
     // store's 4 and a fused epilogue's 9 (extents, strides, alpha and beta as fp32 bits), with
@@ -345,28 +347,43 @@ class KernelLaunch {
                                       list_str(grid_, 3));
             }
         }
-        n_maps_ = map_templates.size();
-        if (n_maps_ > kMaxMaps) {
+        n_params_ = map_templates.size();
+        if (n_params_ > kMaxMaps) {
             throw py::value_error("at most " + std::to_string(kMaxMaps) + " tensor maps");
         }
-        for (size_t i = 0; i < n_maps_; ++i) {
+        for (size_t g = 0; g < n_params_; ++g) {
+            param_first_[g] = n_maps_;
             // None: the parameter carries only the base address, in its first 8 bytes (an
             // output a kernel stores without TMA, launch.ADDRESS_SLOT).
-            if (map_templates[i].is_none()) {
-                address_only_[i] = true;
+            if (map_templates[g].is_none()) {
+                add_map_slot();
+                address_only_[n_maps_ - 1] = true;
                 continue;
             }
-            // (data_type, dims, strides_bytes, box, swizzle, l2_promotion, oob_fill)
-            const py::sequence t = map_templates[i].cast<py::sequence>();
-            if (t.size() != 7) throw py::value_error("a map template has 7 fields");
-            templates_[i] = parse_args(t[0].cast<int>(), 0, t[1].cast<py::sequence>(),
-                                       t[2].cast<py::sequence>(), t[3].cast<py::sequence>(),
-                                       t[4].cast<int>(), t[5].cast<int>(), t[6].cast<int>());
+            // A list of (byte offset, template): consecutive maps of one parameter (a phased
+            // A's PhasedTensorMaps), each at its offset from the one base address it is given.
+            if (py::isinstance<py::list>(map_templates[g])) {
+                const py::list group = map_templates[g].cast<py::list>();
+                if (group.size() == 0) throw py::value_error("an empty group of map templates");
+                for (const py::handle item : group) {
+                    const py::sequence pair = item.cast<py::sequence>();
+                    if (pair.size() != 2) {
+                        throw py::value_error("a grouped map is (byte offset, template)");
+                    }
+                    add_map_slot();
+                    offsets_[n_maps_ - 1] = pair[0].cast<uint64_t>();
+                    templates_[n_maps_ - 1] = parse_template(pair[1]);
+                }
+                continue;
+            }
+            add_map_slot();
+            templates_[n_maps_ - 1] = parse_template(map_templates[g]);
         }
         n_ints_ = read_ints(ints, "ints", ints_);
     }
 
-    size_t maps() const { return n_maps_; }
+    // Map parameters: each takes one base address at launch.
+    size_t maps() const { return n_params_; }
     size_t pointers() const { return n_ptrs_; }
 
     // launch() as Python calls it: the addresses as positional ints.
@@ -384,19 +401,21 @@ class KernelLaunch {
         if (d.launch_kernel == nullptr) throw std::runtime_error(kNoDriverMessage);
         CUtensorMap maps[kMaxMaps];
         void* params[kMaxMaps + kMaxPointers + kMaxInts];
-        for (size_t i = 0; i < n_maps_; ++i) {
-            map_at(i, addresses[i], &maps[i]);
-            params[i] = &maps[i];
+        for (size_t g = 0; g < n_params_; ++g) {
+            const size_t end = g + 1 < n_params_ ? param_first_[g + 1] : n_maps_;
+            for (size_t i = param_first_[g]; i < end; ++i)
+                map_at(i, addresses[g] + offsets_[i], &maps[i]);
+            params[g] = &maps[param_first_[g]];
         }
         uint64_t ptrs[kMaxPointers];
         for (size_t i = 0; i < n_ptrs_; ++i) {
-            ptrs[i] = addresses[n_maps_ + i];
-            params[n_maps_ + i] = &ptrs[i];
+            ptrs[i] = addresses[n_params_ + i];
+            params[n_params_ + i] = &ptrs[i];
         }
         int32_t ints[kMaxInts];
         for (size_t i = 0; i < n_ints_; ++i) {
             ints[i] = ints_[i];
-            params[n_maps_ + n_ptrs_ + i] = &ints[i];
+            params[n_params_ + n_ptrs_ + i] = &ints[i];
         }
         void* const stream_handle = reinterpret_cast<void*>(stream);
         const bool clustered = cluster_ != kNoCluster;
@@ -433,9 +452,24 @@ class KernelLaunch {
 
   private:
     void check_address_count(size_t n) const {
-        if (n != n_maps_ + n_ptrs_) {
+        if (n != n_params_ + n_ptrs_) {
             throw py::value_error("launch: one base address per tensor map, then " +
                                   std::to_string(n_ptrs_) + " pointer arguments");
+        }
+    }
+
+    // (data_type, dims, strides_bytes, box, swizzle, l2_promotion, oob_fill)
+    static TiledArgs parse_template(const py::handle& item) {
+        const py::sequence t = item.cast<py::sequence>();
+        if (t.size() != 7) throw py::value_error("a map template has 7 fields");
+        return parse_args(t[0].cast<int>(), 0, t[1].cast<py::sequence>(),
+                          t[2].cast<py::sequence>(), t[3].cast<py::sequence>(),
+                          t[4].cast<int>(), t[5].cast<int>(), t[6].cast<int>());
+    }
+
+    void add_map_slot() {
+        if (++n_maps_ > kMaxMaps) {
+            throw py::value_error("at most " + std::to_string(kMaxMaps) + " tensor maps");
         }
     }
 
@@ -478,7 +512,10 @@ class KernelLaunch {
     uint32_t shared_mem_;
     size_t n_ptrs_;
     bool programmatic_;
-    size_t n_maps_ = 0;
+    size_t n_maps_ = 0;     // maps, counting each of a group
+    size_t n_params_ = 0;   // map parameters: a group is one
+    std::array<size_t, kMaxMaps> param_first_{};   // each parameter's first map
+    std::array<uint64_t, kMaxMaps> offsets_{};     // each map's offset from its base address
     std::array<TiledArgs, kMaxMaps> templates_{};
     std::array<bool, kMaxMaps> address_only_{};
     size_t n_ints_ = 0;

@@ -141,7 +141,7 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
         return None
     if not cupy_matmul_takes(a.dtype.name, shapes.batch_shape):
         return None
-    copied = _unaligned_operand_bytes(a, b, shapes)
+    copied = _unaligned_operand_bytes(a, b, shapes) - _phased_a_bytes(a, b, shapes, dev)
     # The result goes through an aligned buffer where _run_kernel can store it neither through
     # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
     if _output_store(out, shapes, a.itemsize) == "copy":
@@ -153,6 +153,19 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
     if reason and plain and _in_place_gemv(a, b, shapes, dev) is not None:
         return None
     return reason
+
+
+def _phased_a_bytes(a, b, shapes: layout.MatmulShapes, dev: device_mod.DeviceInfo) -> int:
+    """A's bytes where the call's kernel would read A in place through phase maps
+    (heuristics.phased_a_choice) instead of an aligned copy; else 0."""
+    a3 = operands.batch_view(a, shapes.a_is_vector, 0, shapes.batch_shape)
+    pitch_mod8 = operands.a_pitch_mod8(a3)
+    if not pitch_mod8:
+        return 0
+    problem = _copied_problem(a, b, shapes)
+    phased = heuristics.phased_a_choice(heuristics.choose(problem, dev), pitch_mod8, problem, dev,
+                                        _row_alignment(a, b, shapes))
+    return 0 if phased is None else a.nbytes
 
 
 def _copied_problem(a, b, shapes: layout.MatmulShapes) -> Problem:
@@ -370,7 +383,7 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
         in_place = _in_place_gemv(a, b, shapes, dev, forced is not None)
         if in_place is not None:
             return in_place
-    ops = operands.kernel_operands(a, b, shapes)
+    ops = operands.kernel_operands(a, b, shapes, phased_a=True)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
     reads = fused and (spec.bias or spec.c)
@@ -383,6 +396,13 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
     if row_store:
         choice = heuristics.row_store_choice(choice, ops.problem, dev,
                                              forced=forced is not None) or choice
+    if ops.a_pitch_mod8:   # A left where it lies: its phase maps, or else an aligned copy
+        phased = heuristics.phased_a_choice(choice, ops.a_pitch_mod8, ops.problem, dev,
+                                            _row_alignment(a, b, shapes))
+        if phased is None:
+            ops = operands.kernel_operands(a, b, shapes)
+        else:
+            choice = phased
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 
 

@@ -3,6 +3,7 @@ so it is tested without a GPU."""
 from __future__ import annotations
 
 import functools
+import math
 from dataclasses import dataclass, replace
 
 from .device import DeviceInfo
@@ -1108,6 +1109,94 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
            f"them itself, where {sched.name} (no registers for that) would copy the result out "
            f"of an aligned buffer")
     return replace(choice, schedule=single, config=cfg, reason=why)
+
+
+# A phased A's kernel (KernelConfig.a_pitch_mod8) needs a raw buffer beside each stage, so
+# it holds fewer stages than the aligned problem's choice; with fewer than PHASED_A_MIN_STAGES
+# a stage's loads could not overlap the other stages' wgmmas and its shift (predicted), and
+# the aligned copy goes first instead.
+PHASED_A_MIN_STAGES = 3
+# Its time: waves of tiles x k-blocks x the k-block time of its tile shape,
+# PHASED_A_KBLOCK_US: each CTA's raw stages pass through the shift before their wgmmas, and
+# the fewer stages hide less of the loads' latency, so a k-block costs about the same whether
+# A streams from DRAM or not (fitted to 41 products of rows off 16 bytes, M 1500-31000, N
+# 23-312, K 750-30000, H100: within 15 % on 36; NOTES v0.41), and never below the aligned
+# product's own estimate. Shapes not measured take the slowest. It is weighed against cuBLAS
+# reading such rows in place (cublas_unaligned_us, by PHASED_A_CUBLAS_MARGIN: that model's
+# error, 18-26 % rms, put cuBLAS ahead of 4 of 28 phased products of the fit where the two
+# estimates were within 15 %) and against the aligned copy and the product (as
+# copy_route_reason weighs them); where that copy would take under MIN_CALL_US,
+# the copy stays (the phased kernel's fewer stages cost more than it: 629 x 13020 x 174 ran
+# 0.82 x cuBLAS phased, NOTES v0.41).
+PHASED_A_KBLOCK_US = {(WGMMA_M, 128): 0.65, (BLOCK_M, 64): 0.95, (BLOCK_M, 128): 1.05,
+                      (BLOCK_M, 192): 1.2, (BLOCK_M, 256): 1.25}
+PHASED_A_CUBLAS_MARGIN = 0.85
+
+
+def phased_a_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:
+    """The model above's time of the phased kernel of `choice` on `problem`."""
+    cfg = choice.config
+    shape = (cfg.block_m, cfg.block_n)
+    kblock_us = PHASED_A_KBLOCK_US.get(shape, max(PHASED_A_KBLOCK_US.values()))
+    return _waves(choice.schedule, problem, device, shape) * _k_blocks(problem) * kblock_us
+
+
+def _phased_a_tiles(choice: Choice, a_pitch_mod8: int, device: DeviceInfo) -> list:
+    """The phased kernels (KernelConfig.a_pitch_mod8) `choice` may become: its own tile, and
+    the persistent kernel's other tiles of PHASED_A_KBLOCK_US, for which the phased kernel's
+    k-block time, not the aligned product's, decides (fewer waves of bigger tiles can win)."""
+    cfg, limit = choice.config, device.smem_per_block_optin
+    own = replace(choice, config=choice.schedule.phased_a_config(cfg, a_pitch_mod8, limit))
+    options = [own]
+    for block_m, block_n in PHASED_A_KBLOCK_US:
+        if (block_m, block_n) == (cfg.block_m, cfg.block_n):
+            continue
+        other = PersistentSchedule.deepest(cfg.dtype, block_n, cfg.trans_a, cfg.trans_b, limit,
+                                           block_m)
+        if other is None:
+            continue
+        other = replace(other, epilogue=cfg.epilogue, row_store=cfg.row_store)
+        options.append(replace(choice, schedule=PersistentSchedule, config=PersistentSchedule.
+                               phased_a_config(other, a_pitch_mod8, limit)))
+    return [option for option in options if option.config.stages >= PHASED_A_MIN_STAGES]
+
+
+def phased_a_choice(choice: Choice, a_pitch_mod8: int, problem: Problem, device: DeviceInfo,
+                    align: int) -> Choice | None:
+    """`choice` reading a K-major A of rows off 16 bytes in place through phase maps
+    (KernelConfig.a_pitch_mod8, `a_pitch_mod8`: its row pitch mod 8 elements; `align`: the
+    rows' alignment in bytes, as copy_route_reason takes it), or None where it cannot or
+    should not: a schedule without them (`phased_a_ok`: the clusters, split-K, stream-K,
+    gemv), A tiles trimmed to few rows, a tail (whose part of A starts off 16 bytes), fewer
+    than PHASED_A_MIN_STAGES stages beside the raw buffers, an aligned copy of A under
+    MIN_CALL_US, or a model time (phased_a_us, at least the product's) above cuBLAS's on
+    such rows or the aligned copy and product's. Its stages: the choice's, or as many as fit
+    with the raw buffers, from an epilogue ring as small as one box."""
+    cfg, sched = choice.config, choice.schedule
+    if (not getattr(sched, "phased_a_ok", False) or choice.tail is not None
+            or cfg.a_rows is not None or cfg.trans_a):
+        return None
+    options = _phased_a_tiles(choice, a_pitch_mod8, device)
+    copy_us = 2 * problem.batch * problem.m * problem.k * ELEM_BYTES / (COPY_TBPS * 1e6)
+    if not options or copy_us < MIN_CALL_US:
+        return None
+    phased = min(options, key=lambda option: phased_a_us(option, problem, device))
+    product_us = _choice_us(choice, problem, device)
+    ours = max(phased_a_us(phased, problem, device), product_us or 0.0)
+    cublas = cublas_unaligned_us(problem, align)
+    copy_path = (math.inf if product_us is None else copy_us + COPY_PATH_BIAS * product_us)
+    if ours > min(PHASED_A_CUBLAS_MARGIN * cublas, copy_path):
+        return None
+    cfg = phased.config
+    tile = ("" if phased.config.block_n == choice.config.block_n
+            and cfg.block_m == choice.config.block_m
+            else f" on {cfg.block_m}x{cfg.block_n} tiles (fewer waves of k-blocks)")
+    why = (f"{choice.reason}; A's rows are not 16-byte aligned: read where they lie through "
+           f"eight tensor maps of every eighth row and shifted in shared memory{tile} "
+           f"({cfg.stages} stages), ~{ours:.1f} us against cuBLAS's ~{cublas:.1f} on such "
+           f"rows" + (f" and ~{copy_path:.1f} through an aligned copy"
+                      if product_us is not None else ""))
+    return replace(phased, reason=why)
 
 
 @functools.lru_cache(maxsize=4096)

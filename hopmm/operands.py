@@ -21,6 +21,9 @@ class KernelOperands:
     copies: list = field(default_factory=list)  # operands the kernel reads from a copy
     # {"a": ..., "b": ...}: each operand's batch view before any aligned copy was made of it
     views: dict = field(default_factory=dict)
+    # A read in place through phase maps (KernelConfig.a_pitch_mod8): its row pitch mod
+    # A_PHASES elements; 0 where A is read through one map (or from a copy).
+    a_pitch_mod8: int = 0
 
 
 def as_matrix_stack(x, is_vector: bool, vector_axis: int):
@@ -51,16 +54,35 @@ def operand3d(x2, batch_shape: tuple):
     return x[index].reshape(mapping.mod, r, c), mapping
 
 
-def kernel_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands:
+def kernel_operands(a, b, shapes: layout.MatmulShapes, phased_a: bool = False) -> KernelOperands:
     """Batch views and TMA-readable operands (aligned copies where needed), and the problem
-    exactly as the kernel will read them."""
+    exactly as the kernel will read them. `phased_a`: a K-major A whose rows are not 16-byte
+    aligned is left where it lies where the phase maps can read it (a_pitch_mod8), not
+    copied."""
     (a_view, a_map), (b_view, b_map) = _batch_views(a, b, shapes)
-    a3, a_axis = launch.prepare_operand(a_view)
+    pitch_mod8 = a_pitch_mod8(a_view) if phased_a else 0
+    if pitch_mod8:
+        a3, a_axis = a_view, "cols"
+    else:
+        a3, a_axis = launch.prepare_operand(a_view)
     b3, b_axis = launch.prepare_operand(b_view)
     # B's lines run along its contiguous axis; its pitch is the stride of the other one.
     b_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
-    return _operands(a, b, shapes, a3, a_map, a_axis, b3, b_map, b_axis,
-                     b_pitch % LINE_BYTES == 0, {"a": a_view, "b": b_view})
+    ops = _operands(a, b, shapes, a3, a_map, a_axis, b3, b_map, b_axis,
+                    b_pitch % LINE_BYTES == 0, {"a": a_view, "b": b_view})
+    ops.a_pitch_mod8 = pitch_mod8
+    return ops
+
+
+def a_pitch_mod8(a3) -> int:
+    """The row pitch mod A_PHASES elements of a (batch, rows, cols) A that one TMA map cannot
+    read and the phase maps can (layout.phased_rows_ok); 0 otherwise."""
+    args = (a3.shape, a3.strides, a3.itemsize, a3.data.ptr)
+    if layout.tma_major(args[0][1:], args[1][1:], *args[2:]) is not None:
+        return 0
+    if not layout.phased_rows_ok(*args):
+        return 0
+    return a3.strides[1] // a3.itemsize % layout.A_PHASES
 
 
 def in_place_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands | None:

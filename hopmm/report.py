@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from . import compile as compiler
 from . import sass
 from .device import DeviceInfo
+from .layout import A_PHASES
 from .schedules import DUAL_B_SCHEDULES, SCHEDULES
 
 # A cluster kernel meets its peers twice: after the mbarrier init and before exit.
@@ -37,10 +38,17 @@ class KernelCheck:
 
 def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     """Every registered (schedule, config) that fits the device's shared memory: matmul's
-    and the shared-A kernels'."""
-    return [(schedule, cfg)
-            for schedule in (*SCHEDULES.values(), *DUAL_B_SCHEDULES.values())
-            for cfg in schedule.configs(device.smem_per_block_optin)]
+    and the shared-A kernels', and each K-major-A config of a schedule that can read A
+    through phase maps once more with them (KernelConfig.a_pitch_mod8; the pitch classes
+    1-7 in turn: each is a constant of the same code)."""
+    cases = [(schedule, cfg)
+             for schedule in (*SCHEDULES.values(), *DUAL_B_SCHEDULES.values())
+             for cfg in schedule.configs(device.smem_per_block_optin)]
+    phased = [(schedule, cfg) for schedule, cfg in cases
+              if getattr(schedule, "phased_a_ok", False) and not cfg.trans_a]
+    return cases + [(schedule, schedule.phased_a_config(cfg, 1 + i % (A_PHASES - 1),
+                                                        device.smem_per_block_optin))
+                    for i, (schedule, cfg) in enumerate(phased)]
 
 
 def default_workers() -> int:

@@ -234,8 +234,11 @@ class SimulatedLaunch:
             # C's box: 8 rows
             return self._split_k_cluster(a_ptr, b_ptr, c_ptr)
         assert self.cluster == (1, 1, 1)
-        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_) = self.templates[:2]
-        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
+        phased = isinstance(self.templates[0], list)   # a phased A: eight maps, one parameter
+        a_template = self.templates[0][0][1] if phased else self.templates[0]
+        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_) = (a_template,
+                                                                         self.templates[1])
+        dt = BF16 if a_template[0] == 9 else np.dtype(np.float16)
         if self.row_store:   # the address, then the extent and element strides in the ints
             m, n, row_stride, batch_stride = self.row_store_ints
             nb = self.z0 + self.count
@@ -247,7 +250,10 @@ class SimulatedLaunch:
         a, b, c = (_view(p, d, s, dt) for p, d, s in
                    ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
         a_k_major, b_n_major = self.a_k_major, self.b_n_major
-        assert a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (64-wide ones where M-major)
+        if phased:
+            a, a_dims = self._phased_a(a_ptr, dt), (self.k, self.m, a_dims[2])
+        else:
+            assert a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (64-wide ones where M-major)
         n, m = c_dims[0], c_dims[1]
         block_m = WGMMA_M * (self.block_x // WARPGROUP_THREADS - 1)   # a producer, then consumers
         assert self.tiles_m == -(-m // block_m)
@@ -258,6 +264,23 @@ class SimulatedLaunch:
             am = a[za] if a_k_major else a[za].T          # (m, k)
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
             c[z] = self._final(am.astype(np.float32) @ bm.astype(np.float32), z, dt)
+
+    def _phased_a(self, a_ptr, dt):
+        """A, (batch, m, k), from a phased A's eight maps (launch.phased_specs): map j holds
+        rows j, j + 8, ..., each starting (j * pitch) % 8 elements into the map's rows, the
+        lead the kernel skips (its name's _ap<pitch mod 8>)."""
+        pitch_mod8 = int(_kernel_name(self.function).split("_ap")[1].split("_")[0])
+        group = self.templates[0]
+        assert len(group) == layout.A_PHASES
+        nb = group[0][1][1][2]
+        a = np.zeros((nb, self.m, self.k), dt)
+        for j, (offset, (_, dims, strides, box, swizzle, *_)) in enumerate(group):
+            lead = (j * pitch_mod8) % layout.A_PHASES
+            assert dims[:2] == (self.k + lead, -(-(self.m - j) // layout.A_PHASES))
+            assert box == (TMA_BOX_ELEMS + layout.A_PHASES, TMA_BOX_ELEMS // layout.A_PHASES, 1)
+            assert swizzle == 0 and offset % layout.TMA_ALIGN == 0
+            a[:, j::layout.A_PHASES] = _view(a_ptr + offset, dims, strides, dt)[:, :, lead:]
+        return a
 
     def _dual_b(self, name, a_ptr, b_ptr, c_ptr, *extra):
         """The shared-A kernels (kernel_dual_b.cuh): the second B (and C) through copies of

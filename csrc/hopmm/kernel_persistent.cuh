@@ -35,6 +35,15 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
                                                     const TensorMap* map_b2 = nullptr) {
     typedef TileShape<Cfg> S;
     setmaxnreg_dec<kProducerRegs>();
+    if constexpr (S::kPhasedA) {   // warps 1-3 shift a phased A's raw stages into A tiles
+        if (thread >= kWarpgroupThreads - S::kFixupThreads) {
+            int tiles = 0;
+            for (int t = walk.first(); t < walk.end; t += walk.stride()) ++tiles;
+            PhasedAFixup<Cfg>::run(smem, thread - (kWarpgroupThreads - S::kFixupThreads),
+                                   tiles * num_k_blocks);
+            return;
+        }
+    }
     if (thread != 0) return;
     int ring = 0;
     for (int t = walk.first(); t < walk.end; t += walk.stride()) {

@@ -37,6 +37,28 @@ struct TmaProducer {
                                                                  ROWS / kTmaBoxElems);
     }
 
+    // Elements between the 16-byte boundary phase map j starts on and row j (TileShape::
+    // kPhasedA): the pitch's multiples mod 8 (A's base is on 16 bytes).
+    __device__ __forceinline__ static constexpr int a_lead(int j) {
+        return (j * Cfg::kAPitchMod8) % kAPhases;
+    }
+
+    // A phased A's raw stage (TileShape::kPhasedA): for each of the first `blocks` 64-row
+    // blocks, one box of kAPhaseRows rows of kARawRowElems per phase, from the K-block's start
+    // on each map, at `raw` + (block * kAPhases + phase) boxes.
+    __device__ __forceinline__ static void load_a_raw(unsigned char* raw, const TensorMap* maps,
+                                                      u64* bar, int m0, int k0, int z,
+                                                      int blocks) {
+#pragma unroll
+        for (int b = 0; b < S::kABoxes; ++b) {
+            if (b >= blocks) break;
+#pragma unroll
+            for (int j = 0; j < kAPhases; ++j)
+                tma_load_3d(raw + (b * kAPhases + j) * S::kARawBoxBytes, maps + j, bar, k0,
+                            (m0 + b * kTmaBoxElems) / kAPhases, z);
+        }
+    }
+
     // Boxes of `box_rows` of a tile of `tile_rows` that hold any of the `rows` the operand has
     // from the tile's first row on: the others would only be zero-filled, and TMA spends as
     // much time on zero-filled rows as on loaded ones (bench/NOTES.md v0.17). The rows of
@@ -61,7 +83,9 @@ struct TmaProducer {
                                                      const TensorMap* map_b2 = nullptr) {
         const int a_boxes = boxes_holding(rows_a, S::kARows, S::kABoxRows);
         const int b_boxes = boxes_holding(rows_b, S::kBlockN, kTmaBoxElems);
-        const u32 stage_bytes = a_boxes * S::kABoxBytes + S::kBOperands * b_boxes * S::kBBoxBytes;
+        const u32 a_bytes = a_boxes * S::kABoxBytes;
+        const u32 b_bytes = S::kBOperands * b_boxes * S::kBBoxBytes;
+        const u32 stage_bytes = S::kPhasedA ? b_bytes : a_bytes + b_bytes;  // A: its raw barrier
         for (int kb = first_k_block; kb < first_k_block + num_k_blocks; ++kb, ++ring) {
             const int s = ring % S::kStages;
             const u32 phase = (ring / S::kStages) & 1;
@@ -70,9 +94,13 @@ struct TmaProducer {
             mbar_wait(smem.empty_bar(s), phase ^ 1);
             mbar_arrive_expect_tx(smem.full_bar(s), stage_bytes);
             const int k0 = kb * S::kBlockK;
-            load_boxes<Cfg::kTransA, S::kABoxRows, S::kABoxes>(smem.a_tile(s), map_a,
-                                                               smem.full_bar(s), m0, k0, za,
-                                                               a_boxes);
+            if constexpr (S::kPhasedA) {
+                mbar_arrive_expect_tx(smem.raw_bar(s), a_boxes * S::kARawBlockBytes);
+                load_a_raw(smem.a_raw(s), map_a, smem.raw_bar(s), m0, k0, za, a_boxes);
+            } else
+                load_boxes<Cfg::kTransA, S::kABoxRows, S::kABoxes>(smem.a_tile(s), map_a,
+                                                                   smem.full_bar(s), m0, k0,
+                                                                   za, a_boxes);
             load_boxes<Cfg::kTransB, kTmaBoxElems, S::kBBoxes>(smem.b_tile(s), map_b,
                                                                smem.full_bar(s), n0, k0, zb,
                                                                b_boxes);
@@ -80,6 +108,71 @@ struct TmaProducer {
                 load_boxes<Cfg::kTransB, kTmaBoxElems, S::kBBoxes>(smem.b_tile(s, 1), map_b2,
                                                                    smem.full_bar(s), n0, k0, zb,
                                                                    b_boxes);
+        }
+    }
+};
+
+// A phased A's shifting threads (TileShape::kFixupThreads of the producer warpgroup): for each
+// k-block the producer loads, once its raw stage has landed, every row of the raw buffer goes
+// into the stage's A tile: raw row q of phase j of block b is the tile's row 64 b + 8 q + j,
+// its K-block starting a_lead(j) elements in. A 16-byte chunk of the tile takes the two
+// aligned 16-byte vectors of the raw row around it, shifted down by the lead's bytes, and
+// lands at its 128-byte-swizzled place. Eight consecutive threads take one row's eight
+// chunks, so each quarter-warp reads 144 contiguous bytes and writes one 128-byte row: no
+// bank conflicts. The writes are handed to the async proxy (wgmma) before each thread
+// arrives on the stage's full barrier.
+template <class Cfg>
+struct PhasedAFixup {
+    typedef TileShape<Cfg> S;
+    static constexpr int kChunksPerRow = S::kBlockK * kElemBytes / 16;
+    static constexpr int kChunks = S::kBlockM * kChunksPerRow;
+
+    static_assert(S::kFixupThreads % kChunksPerRow == 0, "a row's chunks in one quarter-warp");
+    static_assert(S::kARawRowBytes % 16 == 0, "raw rows start on 16 bytes");
+
+    // The 16 bytes `shift` bytes (even, below 16) into the 32 bytes (lo, hi).
+    __device__ __forceinline__ static uint4 shifted(uint4 lo, uint4 hi, u32 shift) {
+        u32 w[5] = {lo.x, lo.y, lo.z, lo.w, hi.x};
+        if (shift & 8) {
+            w[0] = lo.z; w[1] = lo.w; w[2] = hi.x; w[3] = hi.y; w[4] = hi.z;
+        }
+        if (shift & 4) {
+            w[0] = w[1]; w[1] = w[2]; w[2] = w[3]; w[3] = w[4];
+            w[4] = (shift & 8) ? hi.w : hi.y;
+        }
+        const u32 bits = (shift & 2) * 8;
+        return make_uint4(__funnelshift_r(w[0], w[1], bits), __funnelshift_r(w[1], w[2], bits),
+                          __funnelshift_r(w[2], w[3], bits), __funnelshift_r(w[3], w[4], bits));
+    }
+
+    // One k-block: stage s's raw buffer into its A tile, by fixup thread `t`.
+    __device__ __forceinline__ static void shift_stage(const SharedStorage<Cfg>& smem, int s,
+                                                       int t) {
+        const u32 raw = smem_addr(smem.a_raw(s)), tile = smem_addr(smem.a_tile(s));
+#pragma unroll 2
+        for (int i = t; i < kChunks; i += S::kFixupThreads) {
+            const int chunk = i % kChunksPerRow, raw_row = i / kChunksPerRow;
+            const int block = raw_row / kTmaBoxElems, in_block = raw_row % kTmaBoxElems;
+            const int j = in_block / S::kAPhaseRows, q = in_block % S::kAPhaseRows;
+            const u32 shift = TmaProducer<Cfg>::a_lead(j) * kElemBytes;   // raw rows: 16-aligned
+            const u32 at = raw + raw_row * S::kARawRowBytes + chunk * 16;
+            const uint4 v = shifted(ld_shared_v4(at), ld_shared_v4(at + 16), shift);
+            const int row = block * kTmaBoxElems + q * kAPhases + j;   // of the tile
+            const u32 dst = tile + (row / 8) * (8 * kSwizzleBytes) + (row % 8) * kSwizzleBytes +
+                            ((chunk ^ (row % 8)) * 16);
+            st_shared_v4(dst, v.x, v.y, v.z, v.w);
+        }
+    }
+
+    // Every k-block of the CTA's `k_blocks` (all its tiles'), in the producer's ring order.
+    __device__ __forceinline__ static void run(const SharedStorage<Cfg>& smem, int t,
+                                               int k_blocks) {
+        for (int ring = 0; ring < k_blocks; ++ring) {
+            const int s = ring % S::kStages;
+            mbar_wait(smem.raw_bar(s), (ring / S::kStages) & 1);
+            shift_stage(smem, s, t);
+            fence_proxy_async_smem();
+            mbar_arrive(smem.full_bar(s));
         }
     }
 };

@@ -15,6 +15,20 @@ struct alignas(64) TensorMap {
 };
 static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
 
+// A K-major A whose row pitch is not a multiple of 16 bytes, which one map cannot describe, as
+// kAPhases maps: map j holds rows j, j + 8, j + 16, ... (eight rows' pitch is a multiple of 16
+// bytes for any pitch), from the 16-byte boundary at or before row j (producer_tma.cuh).
+constexpr int kAPhases = 8;
+struct PhasedTensorMaps {
+    TensorMap phase[kAPhases];
+};
+
+// The first (or only) map of a map parameter, as the skeletons take it.
+__device__ __forceinline__ const TensorMap* first_map(const TensorMap& map) { return &map; }
+__device__ __forceinline__ const TensorMap* first_map(const PhasedTensorMaps& maps) {
+    return maps.phase;
+}
+
 // A map parameter that carries only a base address, in its first 8 bytes (launch.py's
 // ADDRESS_SLOT): the output of a kernel that stores its rows without TMA (kRowStore).
 __device__ __forceinline__ void* address_in_map_slot(const TensorMap* map) {
@@ -42,6 +56,10 @@ __device__ __forceinline__ unsigned short ld_shared_u16(u32 addr) {
     unsigned short v;
     asm volatile("ld.shared.u16 %0, [%1];" : "=h"(v) : "r"(addr));
     return v;
+}
+__device__ __forceinline__ void st_shared_v4(u32 addr, u32 x, u32 y, u32 z, u32 w) {
+    asm volatile("st.shared.v4.u32 [%0], {%1, %2, %3, %4};"
+                 ::"r"(addr), "r"(x), "r"(y), "r"(z), "r"(w) : "memory");
 }
 
 // ---- mbarrier (PTX ISA 9.7.13.15) -------------------------------------------------------

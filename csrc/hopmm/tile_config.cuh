@@ -79,7 +79,7 @@ struct TileShape {
     static constexpr int kBOperands = Cfg::kBOperands;
     static_assert(kBOperands == 1 || kBOperands == 2, "one B tile per stage, or two");
     static_assert(kBOperands == 1 || kClusterSize == 1, "clusters multicast a single B tile");
-    static constexpr u32 kStageBytes = kABytes + kBOperands * kBBytes;
+    static constexpr u32 kStageBytes = kABytes + kBOperands * kBBytes;   // raw A: kARawOffset
     // Rows of a K-major A tile that TMA loads per stage: all kBlockM, or fewer where the
     // problem has fewer rows (decode: M <= 16). The rows past them keep whatever the stage
     // held; each wgmma output row depends on its own A row only, so those rows of C are
@@ -98,6 +98,31 @@ struct TileShape {
     static_assert(kARows % kABoxRows == 0, "A's loaded rows are whole boxes");
     static constexpr int kABoxes = kARows / kABoxRows;
     static constexpr u32 kABoxBytes = kABoxRows * kBlockK * kElemBytes;
+    // A K-major A whose rows are not 16-byte aligned (Cfg::kAPitchMod8: its row pitch mod 8
+    // elements; 0 where they are) comes through kAPhases maps of every eighth row
+    // (PhasedTensorMaps). TMA starts a box only on a 16-byte boundary of a row, so each
+    // phase's rows arrive shifted by that phase's lead (the elements between the boundary and
+    // the row's start, TmaProducer::a_lead): each stage has a raw buffer, in which every
+    // 64-row block of the tile is one box of kAPhaseRows rows per phase, each row
+    // kARawRowElems long (the K-block and room for the lead), and the producer warpgroup's
+    // other warps copy it, shifted back and in row order, into the stage's A tile
+    // (PhasedAFixup). Rows of the raw buffer are unswizzled; the A tile is what wgmma reads.
+    static constexpr bool kPhasedA = Cfg::kAPitchMod8 != 0;
+    static constexpr int kAPhaseRows = kTmaBoxElems / kAPhases;
+    static constexpr int kARawRowElems = kBlockK + kAPhases;
+    static constexpr u32 kARawRowBytes = kARawRowElems * kElemBytes;
+    static constexpr u32 kARawBoxBytes = kAPhaseRows * kARawRowBytes;
+    static constexpr u32 kARawBlockBytes = kAPhases * kARawBoxBytes;   // of a 64-row block
+    static constexpr u32 kARawBytes = kPhasedA ? kBlockM / kTmaBoxElems * kARawBlockBytes : 0;
+    static constexpr u32 kTmaSmemAlign = 128;   // an unswizzled box's shared-memory start
+    static_assert(kARawBoxBytes % kTmaSmemAlign == 0, "raw boxes start where TMA writes");
+    static_assert(Cfg::kAPitchMod8 >= 0 && Cfg::kAPitchMod8 < kAPhases, "a pitch mod 8");
+    static_assert(!kPhasedA || (!Cfg::kTransA && kARows == kBlockM && kClusterSize == 1 &&
+                                kBOperands == 1),
+                  "phased A: whole K-major A tiles, one B, no multicast");
+    // The producer warpgroup's threads that shift raw A into the A tile (all but warp 0, whose
+    // first thread issues the loads); each arrives on the stage's full barrier.
+    static constexpr int kFixupThreads = kPhasedA ? kWarpgroupThreads - 32 : 0;
     static constexpr int kBBoxes = kBlockN / kTmaBoxElems;
     static constexpr u32 kBBoxBytes = kTmaBoxElems * kBlockK * kElemBytes;
     // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
@@ -122,12 +147,16 @@ struct TileShape {
 
     static constexpr u32 kAOffset = 0;
     static constexpr u32 kBOffset = kAOffset + kStages * kABytes;
-    static constexpr u32 kCOffset = kBOffset + kStages * kBOperands * kBBytes;
+    static constexpr u32 kARawOffset = kBOffset + kStages * kBOperands * kBBytes;
+    static constexpr u32 kCOffset = kARawOffset + kStages * kARawBytes;
     static constexpr u32 kBarrierOffset = kCOffset + kConsumers * kCBytesPerConsumer;
-    static constexpr u32 kBarrierBytes = 2 * kStages * sizeof(u64);
+    // full and empty per stage, and a phased A's raw-buffer barrier.
+    static constexpr int kBarriersPerStage = kPhasedA ? 3 : 2;
+    static constexpr u32 kBarrierBytes = kBarriersPerStage * kStages * sizeof(u64);
     // The dynamic allocation is padded so the base can be rounded up to kSmemAlign.
     static constexpr u32 kSmemBytes = kBarrierOffset + kBarrierBytes + kSmemAlign;
-    static_assert(kABytes % kSmemAlign == 0 && kBBytes % kSmemAlign == 0, "tiles stay aligned");
+    static_assert(kABytes % kSmemAlign == 0 && kBBytes % kSmemAlign == 0 &&
+                  kARawBytes % kSmemAlign == 0, "tiles stay aligned");
     static_assert(kSmemBytes == Cfg::kSmemBytesExpected,
                   "the Python shared-memory plan (schedules.py) disagrees with this one");
 
@@ -163,6 +192,13 @@ struct SharedStorage {
     }
     __device__ __forceinline__ u64* empty_bar(int s) const {
         return reinterpret_cast<u64*>(base + S::kBarrierOffset) + S::kStages + s;
+    }
+    // A phased A's raw buffer of stage s and the barrier its loads complete on.
+    __device__ __forceinline__ unsigned char* a_raw(int s) const {
+        return base + S::kARawOffset + s * S::kARawBytes;
+    }
+    __device__ __forceinline__ u64* raw_bar(int s) const {
+        return reinterpret_cast<u64*>(base + S::kBarrierOffset) + 2 * S::kStages + s;
     }
 };
 
@@ -201,8 +237,10 @@ __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char
         (reinterpret_cast<unsigned long long>(smem_raw) + kSmemAlign - 1) & ~(u64)(kSmemAlign - 1));
     if (threadIdx.x == 0) {
         for (int s = 0; s < S::kStages; ++s) {
-            mbar_init(smem.full_bar(s), 1);                  // the producer's expect_tx arrive
+            // The producer's expect_tx arrive, and a phased A's shifting threads.
+            mbar_init(smem.full_bar(s), 1 + S::kFixupThreads);
             mbar_init(smem.empty_bar(s), S::kEmptyArrivals);  // each reader of each CTA
+            if constexpr (S::kPhasedA) mbar_init(smem.raw_bar(s), 1);
         }
         fence_barrier_init();
         tma_prefetch_map(map_a);
