@@ -387,10 +387,10 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
     reads = fused and (spec.bias or spec.c)
-    choice = ((None if forced
-               else tuning.lookup(ops.problem, dev, epilogue=fused, epilogue_reads=reads))
-              or heuristics.choose(ops.problem, dev, forced, epilogue=fused,
-                                   epilogue_reads=reads))
+    tuned = None if forced else tuning.lookup(ops.problem, dev, epilogue=fused,
+                                              epilogue_reads=reads)
+    choice = tuned or heuristics.choose(ops.problem, dev, forced, epilogue=fused,
+                                        epilogue_reads=reads)
     if fused:
         choice = heuristics.with_epilogue(choice, spec)
     if row_store:
@@ -398,7 +398,8 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
                                              forced=forced is not None) or choice
     if ops.a_pitch_mod8:   # A left where it lies: its phase maps, or else an aligned copy
         phased = heuristics.phased_a_choice(choice, ops.a_pitch_mod8, ops.problem, dev,
-                                            _row_alignment(a, b, shapes))
+                                            _row_alignment(a, b, shapes),
+                                            keep_tile=forced is not None or tuned is not None)
         if phased is None:
             ops = operands.kernel_operands(a, b, shapes)
         else:

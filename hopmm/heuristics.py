@@ -1141,14 +1141,16 @@ def phased_a_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:
     return _waves(choice.schedule, problem, device, shape) * _k_blocks(problem) * kblock_us
 
 
-def _phased_a_tiles(choice: Choice, a_pitch_mod8: int, device: DeviceInfo) -> list:
+def _phased_a_tiles(choice: Choice, a_pitch_mod8: int, device: DeviceInfo,
+                    keep_tile: bool) -> list:
     """The phased kernels (KernelConfig.a_pitch_mod8) `choice` may become: its own tile, and
-    the persistent kernel's other tiles of PHASED_A_KBLOCK_US, for which the phased kernel's
-    k-block time, not the aligned product's, decides (fewer waves of bigger tiles can win)."""
+    unless `keep_tile` (a forced or autotuned choice) the persistent kernel's other tiles of
+    PHASED_A_KBLOCK_US, for which the phased kernel's k-block time, not the aligned
+    product's, decides (fewer waves of bigger tiles can win)."""
     cfg, limit = choice.config, device.smem_per_block_optin
     own = replace(choice, config=choice.schedule.phased_a_config(cfg, a_pitch_mod8, limit))
     options = [own]
-    for block_m, block_n in PHASED_A_KBLOCK_US:
+    for block_m, block_n in () if keep_tile else PHASED_A_KBLOCK_US:
         if (block_m, block_n) == (cfg.block_m, cfg.block_n):
             continue
         other = PersistentSchedule.deepest(cfg.dtype, block_n, cfg.trans_a, cfg.trans_b, limit,
@@ -1162,10 +1164,11 @@ def _phased_a_tiles(choice: Choice, a_pitch_mod8: int, device: DeviceInfo) -> li
 
 
 def phased_a_choice(choice: Choice, a_pitch_mod8: int, problem: Problem, device: DeviceInfo,
-                    align: int) -> Choice | None:
+                    align: int, keep_tile: bool = False) -> Choice | None:
     """`choice` reading a K-major A of rows off 16 bytes in place through phase maps
     (KernelConfig.a_pitch_mod8, `a_pitch_mod8`: its row pitch mod 8 elements; `align`: the
-    rows' alignment in bytes, as copy_route_reason takes it), or None where it cannot or
+    rows' alignment in bytes, as copy_route_reason takes it; `keep_tile`: a forced or
+    autotuned choice keeps its schedule and tile), or None where it cannot or
     should not: a schedule without them (`phased_a_ok`: the clusters, split-K, stream-K,
     gemv), A tiles trimmed to few rows, a tail (whose part of A starts off 16 bytes), fewer
     than PHASED_A_MIN_STAGES stages beside the raw buffers, an aligned copy of A under
@@ -1176,7 +1179,7 @@ def phased_a_choice(choice: Choice, a_pitch_mod8: int, problem: Problem, device:
     if (not getattr(sched, "phased_a_ok", False) or choice.tail is not None
             or cfg.a_rows is not None or cfg.trans_a):
         return None
-    options = _phased_a_tiles(choice, a_pitch_mod8, device)
+    options = _phased_a_tiles(choice, a_pitch_mod8, device, keep_tile)
     copy_us = 2 * problem.batch * problem.m * problem.k * ELEM_BYTES / (COPY_TBPS * 1e6)
     if not options or copy_us < MIN_CALL_US:
         return None

@@ -165,3 +165,21 @@ def test_simulated_phased_a(simulated_gpu, m, n, k, pitch, batch):
 def _last_kernel():
     from test_cpu_simulated_launch import _kernel_name
     return _kernel_name(SimulatedLaunch.last.function)
+
+
+def test_the_phased_tile_is_chosen_by_its_own_model_unless_forced():
+    """244 tiles of 128 x 64 take two waves of k-blocks where 122 of 128 x 128 take one: the
+    phased kernel moves to the wider tile; a forced (or autotuned) choice keeps its schedule
+    and tile."""
+    p, c = choice_for(15510, 70, 7941, "float16")
+    assert (c.config.block_m, c.config.block_n) == (128, 64)
+    moved = heuristics.phased_a_choice(c, 3, p, H100_SXM, 2)
+    assert (moved.config.block_m, moved.config.block_n) == (128, 128)
+    assert "on 128x128 tiles (fewer waves of k-blocks)" in moved.reason
+    p = Problem(8443, 759, 4097, 1, "bfloat16")
+    forced = heuristics.choose(p, H100_SXM, "pingpong")
+    kept = heuristics.phased_a_choice(forced, 1, p, H100_SXM, 2, keep_tile=True)
+    assert kept.schedule is forced.schedule and kept.config.block_n == forced.config.block_n
+    assert kept.config.a_pitch_mod8 == 1
+    free = heuristics.phased_a_choice(forced, 1, p, H100_SXM, 2)
+    assert free.schedule is PersistentSchedule and free.config.block_n != forced.config.block_n
