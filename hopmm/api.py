@@ -141,7 +141,9 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
         return None
     if not cupy_matmul_takes(a.dtype.name, shapes.batch_shape):
         return None
-    copied = _unaligned_operand_bytes(a, b, shapes) - _phased_a_bytes(a, b, shapes, dev)
+    copied = _unaligned_operand_bytes(a, b, shapes)
+    if copied:
+        copied -= _phased_a_bytes(a, b, shapes, dev)
     # The result goes through an aligned buffer where _run_kernel can store it neither through
     # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
     if _output_store(out, shapes, a.itemsize) == "copy":

@@ -1120,7 +1120,7 @@ PHASED_A_MIN_STAGES = 3
 # PHASED_A_KBLOCK_US: each CTA's raw stages pass through the shift before their wgmmas, and
 # the fewer stages hide less of the loads' latency, so a k-block costs about the same whether
 # A streams from DRAM or not (fitted to 41 products of rows off 16 bytes, M 1500-31000, N
-# 23-312, K 750-30000, H100: within 15 % on 36; NOTES v0.41), and never below the aligned
+# 23-312, K 750-30000, H100: within 15 % on 34; NOTES v0.41), and never below the aligned
 # product's own estimate. Shapes not measured take the slowest. It is weighed against cuBLAS
 # reading such rows in place (cublas_unaligned_us, by PHASED_A_CUBLAS_MARGIN: that model's
 # error, 18-26 % rms, put cuBLAS ahead of 4 of 28 phased products of the fit where the two
@@ -1191,9 +1191,8 @@ def phased_a_choice(choice: Choice, a_pitch_mod8: int, problem: Problem, device:
     if ours > min(PHASED_A_CUBLAS_MARGIN * cublas, copy_path):
         return None
     cfg = phased.config
-    tile = ("" if phased.config.block_n == choice.config.block_n
-            and cfg.block_m == choice.config.block_m
-            else f" on {cfg.block_m}x{cfg.block_n} tiles (fewer waves of k-blocks)")
+    moved = (cfg.block_m, cfg.block_n) != (choice.config.block_m, choice.config.block_n)
+    tile = f" on {cfg.block_m}x{cfg.block_n} tiles (fewer waves of k-blocks)" if moved else ""
     why = (f"{choice.reason}; A's rows are not 16-byte aligned: read where they lie through "
            f"eight tensor maps of every eighth row and shifted in shared memory{tile} "
            f"({cfg.stages} stages), ~{ours:.1f} us against cuBLAS's ~{cublas:.1f} on such "
