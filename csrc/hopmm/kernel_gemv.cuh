@@ -53,6 +53,7 @@
 #pragma once
 #include "ptx.cuh"
 #include "tile_config.cuh"
+#include "shifted_v4.cuh"
 
 namespace hopmm {
 
@@ -112,26 +113,6 @@ template <bool kStream>
 __device__ __forceinline__ uint4 ld_aligned_v4(const void* p) {
     if constexpr (kStream) return ld_stream_v4(p);
     else return ld_cached_v4(p);
-}
-
-// Eight 16-bit elements starting `shift` bytes (even, below 16) into `lo`, the rest from `hi`,
-// shifted into one by selects and byte permutes (no dynamic register index, so no local
-// memory).
-__device__ __forceinline__ uint4 shifted_v4(const uint4& lo, const uint4& hi, u32 shift) {
-    const u32 w[kGemvVec] =   // the words of both vectors
-        {lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w};
-    u32 by8[6], by4[5];   // shifted by 8 bytes where shift has 8, then by 4 where it has 4
-#pragma unroll
-    for (int i = 0; i < 6; ++i) by8[i] = shift & 8u ? w[i + 2] : w[i];
-#pragma unroll
-    for (int i = 0; i < 5; ++i) by4[i] = shift & 4u ? by8[i + 1] : by8[i];
-    // The last 2 bytes: the high half of one word and the low half of the next.
-    const u32 select = shift & 2u ? 0x5432u : 0x3210u;
-    u32 out[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-        asm("prmt.b32 %0, %1, %2, %3;" : "=r"(out[j]) : "r"(by4[j]), "r"(by4[j + 1]), "r"(select));
-    return make_uint4(out[0], out[1], out[2], out[3]);
 }
 
 // Eight 16-bit elements from p, which need only be 2-byte aligned: the aligned vector holding

@@ -3,6 +3,7 @@
 // counts TileShape::kEmptyArrivals: each consumer that reads the stage, in every CTA of a cluster).
 #pragma once
 #include "tile_config.cuh"
+#include "shifted_v4.cuh"
 
 namespace hopmm {
 
@@ -116,10 +117,10 @@ struct TmaProducer {
 // k-block the producer loads, once its raw stage has landed, every row of the raw buffer goes
 // into the stage's A tile: raw row q of phase j of block b is the tile's row 64 b + 8 q + j,
 // its K-block starting a_lead(j) elements in. A 16-byte chunk of the tile takes the two
-// aligned 16-byte vectors of the raw row around it, shifted down by the lead's bytes, and
-// lands at its 128-byte-swizzled place. Eight consecutive threads take one row's eight
-// chunks, so each quarter-warp reads 144 contiguous bytes and writes one 128-byte row: no
-// bank conflicts. The writes are handed to the async proxy (wgmma) before each thread
+// aligned 16-byte vectors of the raw row around it, shifted down by the lead's bytes
+// (shifted_v4), and lands at its 128-byte-swizzled place. Eight consecutive threads take one
+// row's eight chunks, so each quarter-warp reads 144 contiguous bytes and writes one 128-byte
+// row: no bank conflicts. The writes are handed to the async proxy (wgmma) before each thread
 // arrives on the stage's full barrier.
 template <class Cfg>
 struct PhasedAFixup {
@@ -129,21 +130,6 @@ struct PhasedAFixup {
 
     static_assert(S::kFixupThreads % kChunksPerRow == 0, "a row's chunks in one quarter-warp");
     static_assert(S::kARawRowBytes % 16 == 0, "raw rows start on 16 bytes");
-
-    // The 16 bytes `shift` bytes (even, below 16) into the 32 bytes (lo, hi).
-    __device__ __forceinline__ static uint4 shifted(uint4 lo, uint4 hi, u32 shift) {
-        u32 w[5] = {lo.x, lo.y, lo.z, lo.w, hi.x};
-        if (shift & 8) {
-            w[0] = lo.z; w[1] = lo.w; w[2] = hi.x; w[3] = hi.y; w[4] = hi.z;
-        }
-        if (shift & 4) {
-            w[0] = w[1]; w[1] = w[2]; w[2] = w[3]; w[3] = w[4];
-            w[4] = (shift & 8) ? hi.w : hi.y;
-        }
-        const u32 bits = (shift & 2) * 8;
-        return make_uint4(__funnelshift_r(w[0], w[1], bits), __funnelshift_r(w[1], w[2], bits),
-                          __funnelshift_r(w[2], w[3], bits), __funnelshift_r(w[3], w[4], bits));
-    }
 
     // One k-block: stage s's raw buffer into its A tile, by fixup thread `t`.
     __device__ __forceinline__ static void shift_stage(const SharedStorage<Cfg>& smem, int s,
@@ -156,7 +142,7 @@ struct PhasedAFixup {
             const int j = in_block / S::kAPhaseRows, q = in_block % S::kAPhaseRows;
             const u32 shift = TmaProducer<Cfg>::a_lead(j) * kElemBytes;   // raw rows: 16-aligned
             const u32 at = raw + raw_row * S::kARawRowBytes + chunk * 16;
-            const uint4 v = shifted(ld_shared_v4(at), ld_shared_v4(at + 16), shift);
+            const uint4 v = shifted_v4(ld_shared_v4(at), ld_shared_v4(at + 16), shift);
             const int row = block * kTmaBoxElems + q * kAPhases + j;   // of the tile
             const u32 dst = tile + (row / 8) * (8 * kSwizzleBytes) + (row % 8) * kSwizzleBytes +
                             ((chunk ^ (row % 8)) * 16);
