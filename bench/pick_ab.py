@@ -66,9 +66,13 @@ def parse_patches(text: str) -> dict:
 
 @contextlib.contextmanager
 def patched(patches: dict):
-    """hopmm.heuristics with `patches` set (choose's memory cleared on the way in and out)."""
+    """hopmm.heuristics with `patches` set (the remembered choices cleared on the way in and
+    out)."""
     saved = {name: getattr(heuristics, name) for name in patches}
-    heuristics.choose.cache_clear()
+    remembered = (heuristics.choose, heuristics.gemv_in_place_choice,
+                  heuristics.phased_a_choice)
+    for f in remembered:
+        f.cache_clear()
     try:
         for name, value in patches.items():
             setattr(heuristics, name, value)
@@ -76,7 +80,8 @@ def patched(patches: dict):
     finally:
         for name, value in saved.items():
             setattr(heuristics, name, value)
-        heuristics.choose.cache_clear()
+        for f in remembered:
+            f.cache_clear()
 
 
 def row_major_problem(m: int, n: int, k: int, dtype: str) -> Problem:

@@ -403,7 +403,7 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
                                             _row_alignment(a, b, shapes),
                                             keep_tile=forced is not None or tuned is not None)
         if phased is None:
-            ops = operands.kernel_operands(a, b, shapes)
+            ops = operands.with_a_copied(ops)
         else:
             choice = phased
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)

@@ -730,6 +730,12 @@ CUBLAS_UNALIGNED_TFLOPS = {2: 115.0, 4: 180.0, 8: 180.0}
 CUBLAS_TILE = 128
 
 
+def copy_us(copied_bytes: int) -> float:
+    """Microseconds of aligned copies of `copied_bytes`: each byte read and written once at
+    COPY_TBPS."""
+    return 2 * copied_bytes / (COPY_TBPS * 1e6)
+
+
 def cublas_unaligned_us(problem: Problem, align: int) -> float:
     """cuBLAS's modelled time for `problem` on rows aligned to `align` bytes (2, 4 or 8)."""
     p = problem
@@ -747,19 +753,19 @@ def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
     `problem`: the product as hopmm's kernels would run it on the copies; `align`: the rows'
     alignment in bytes (2, 4 or 8)."""
     p = problem
-    copy_us = 2 * copied_bytes / (COPY_TBPS * 1e6)
-    if copy_us < MIN_CALL_US:   # copies shorter than a launch cannot decide the route
+    copy_time = copy_us(copied_bytes)
+    if copy_time < MIN_CALL_US:   # copies shorter than a launch cannot decide the route
         return None
     copies = (f"rows not a multiple of 16 bytes: the aligned copies hopmm's kernels need move "
-              f"{copied_bytes / 1e6:.1f} MB ({copy_us:.1f} us at {COPY_TBPS} TB/s)")
+              f"{copied_bytes / 1e6:.1f} MB ({copy_time:.1f} us at {COPY_TBPS} TB/s)")
     product_us = _choice_us(choose(p, device), p, device)
     if product_us is None:
         compute_us = max(2 * p.m * p.n * p.k * p.batch / (FLOOR_TFLOPS * 1e6), MIN_CALL_US)
-        if copy_us <= COPY_ROUTE_RATIO * compute_us:
+        if copy_time <= COPY_ROUTE_RATIO * compute_us:
             return None
         return (f"{copies}, more than {COPY_ROUTE_RATIO:g}x the product's compute floor "
                 f"({compute_us:.1f} us); cuBLAS reads such rows in place")
-    ours = copy_us + COPY_PATH_BIAS * product_us
+    ours = copy_time + COPY_PATH_BIAS * product_us
     theirs = cublas_unaligned_us(p, align)
     if ours <= theirs:
         return None
@@ -974,10 +980,10 @@ def gemv_in_place_choice(problem: Problem, device: DeviceInfo, copied_bytes: int
     is."""
     if not forced and min(problem.m, problem.n) > GEMV_MAX_M:   # before the rival's estimate
         return None
-    copy_us = 2 * copied_bytes / (COPY_TBPS * 1e6)
+    copy_time = copy_us(copied_bytes)
     rival = _tile_rival(problem, device)
     if rival is not None:
-        rival = (rival[0] + copy_us, f"{rival[1]} on aligned copies (+{copy_us:.1f} us)")
+        rival = (rival[0] + copy_time, f"{rival[1]} on aligned copies (+{copy_time:.1f} us)")
     return _gemv_choice(problem, device, forced, rival, in_place=True)
 
 
@@ -1163,6 +1169,7 @@ def _phased_a_tiles(choice: Choice, a_pitch_mod8: int, device: DeviceInfo,
     return [option for option in options if option.config.stages >= PHASED_A_MIN_STAGES]
 
 
+@functools.lru_cache(maxsize=4096)
 def phased_a_choice(choice: Choice, a_pitch_mod8: int, problem: Problem, device: DeviceInfo,
                     align: int, keep_tile: bool = False) -> Choice | None:
     """`choice` reading a K-major A of rows off 16 bytes in place through phase maps
@@ -1174,20 +1181,23 @@ def phased_a_choice(choice: Choice, a_pitch_mod8: int, problem: Problem, device:
     than PHASED_A_MIN_STAGES stages beside the raw buffers, an aligned copy of A under
     MIN_CALL_US, or a model time (phased_a_us, at least the product's) above cuBLAS's on
     such rows or the aligned copy and product's. Its stages: the choice's, or as many as fit
-    with the raw buffers, from an epilogue ring as small as one box."""
+    with the raw buffers, from an epilogue ring as small as one box. Asked when a call is
+    planned and again when it runs: remembered, as choose() is."""
     cfg, sched = choice.config, choice.schedule
     if (not getattr(sched, "phased_a_ok", False) or choice.tail is not None
             or cfg.a_rows is not None or cfg.trans_a):
         return None
     options = _phased_a_tiles(choice, a_pitch_mod8, device, keep_tile)
-    copy_us = 2 * problem.batch * problem.m * problem.k * ELEM_BYTES / (COPY_TBPS * 1e6)
-    if not options or copy_us < MIN_CALL_US:
+    copy_time = copy_us(problem.batch * problem.m * problem.k * ELEM_BYTES)
+    if not options or copy_time < MIN_CALL_US:
         return None
-    phased = min(options, key=lambda option: phased_a_us(option, problem, device))
+    # The tile of the fewest k-block waves (the first, the choice's own, of ties).
+    phased_us, _, phased = min((phased_a_us(option, problem, device), i, option)
+                               for i, option in enumerate(options))
     product_us = _choice_us(choice, problem, device)
-    ours = max(phased_a_us(phased, problem, device), product_us or 0.0)
+    ours = max(phased_us, product_us or 0.0)
     cublas = cublas_unaligned_us(problem, align)
-    copy_path = (math.inf if product_us is None else copy_us + COPY_PATH_BIAS * product_us)
+    copy_path = (math.inf if product_us is None else copy_time + COPY_PATH_BIAS * product_us)
     if ours > min(PHASED_A_CUBLAS_MARGIN * cublas, copy_path):
         return None
     cfg = phased.config

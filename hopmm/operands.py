@@ -4,7 +4,7 @@ lie), and the Problem they make. Below api (which adds the schedule choice) and 
 times every choice on them)."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from . import launch, layout
 from .problem import LINE_BYTES, Problem
@@ -72,6 +72,14 @@ def kernel_operands(a, b, shapes: layout.MatmulShapes, phased_a: bool = False) -
                     b_pitch % LINE_BYTES == 0, {"a": a_view, "b": b_view})
     ops.a_pitch_mod8 = pitch_mod8
     return ops
+
+
+def with_a_copied(ops: KernelOperands) -> KernelOperands:
+    """`ops` (A left in place for the phase maps) with A read from an aligned copy instead,
+    where the choice does not take the phase maps: B, its copy and the problem as they are."""
+    a3, _ = launch.prepare_operand(ops.views["a"])
+    return replace(ops, a3=a3, copies=["a"] + [name for name in ops.copies if name != "a"],
+                   a_pitch_mod8=0)
 
 
 def a_pitch_mod8(a3) -> int:

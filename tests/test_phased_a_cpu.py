@@ -183,3 +183,17 @@ def test_the_phased_tile_is_chosen_by_its_own_model_unless_forced():
     assert kept.config.a_pitch_mod8 == 1
     free = heuristics.phased_a_choice(forced, 1, p, H100_SXM, 2)
     assert free.schedule is PersistentSchedule and free.config.block_n != forced.config.block_n
+
+
+def test_a_declined_phase_map_copies_each_operand_once(simulated_gpu, monkeypatch):
+    """Where the choice does not take the phase maps (here: an A too small to be worth it),
+    A gets its aligned copy and B keeps the one it already has: one copy of each."""
+    copied = []
+    real = launch.copy_rows
+    monkeypatch.setattr(launch, "copy_rows", lambda dst, src: copied.append(src.shape)
+                        or real(dst, src))
+    a, b = rand((97, 23)), rand((23, 75))   # rows of 46 and 150 bytes: both off 16 bytes
+    assert "eight tensor maps" not in hopmm.explain(a, b)
+    copied.clear()
+    expect(a, b, hopmm.matmul(a, b))
+    assert sorted(copied) == [(1, 23, 75), (1, 97, 23)]
