@@ -70,7 +70,7 @@ def patched(patches: dict):
     out)."""
     saved = {name: getattr(heuristics, name) for name in patches}
     remembered = (heuristics.choose, heuristics.gemv_in_place_choice,
-                  heuristics.phased_a_choice)
+                  heuristics.phased_choice)
     for f in remembered:
         f.cache_clear()
     try:

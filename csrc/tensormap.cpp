@@ -310,7 +310,7 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 // parameters are the maps, in order, then `pointers` raw 64-bit device pointers (split-K's
 // workspace and semaphores), then the 32-bit integers. launch() takes one base address per map
 // parameter followed by the pointers. A parameter may be a group of maps laid out one after
-// the other (a phased A's eight, each at its own offset from the one base address).
+// the other (a phased operand's eight, each at its own offset from the one base address).
 // `programmatic`: launch with programmatic stream serialization (cuLaunchKernelEx), so that the
 // kernel may be scheduled before the previous kernel of the stream has finished; only for
 // kernels that wait (griddepcontrol.wait) before touching global memory. Drivers without
@@ -319,9 +319,9 @@ void encode_tiled_into(const py::object& buf, Py_ssize_t offset, int data_type,
 // __cluster_dims__); (1, 1, 1) launches without one. It needs cuLaunchKernelEx.
 class KernelLaunch {
   public:
-    // A (one map, or a phased A's eight), B and C; split-K's workspace or the shared-A
-    // kernel's second B and C.
-    static constexpr size_t kMaxMaps = 12;
+    // A and B (one map each, or a phased operand's eight), C, and split-K's workspace or the
+    // shared-A kernel's second B and C.
+    static constexpr size_t kMaxMaps = 20;
     static constexpr size_t kMaxPointers = 4;
     // The kernel's 12 integers (K, the batch mapping, the raster, the output's extent), a row
     // store's 4 and a fused epilogue's 9 (extents, strides, alpha and beta as fp32 bits), with

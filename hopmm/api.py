@@ -143,7 +143,7 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
         return None
     copied = _unaligned_operand_bytes(a, b, shapes)
     if copied:
-        copied -= _phased_a_bytes(a, b, shapes, dev)
+        copied -= _phased_bytes(a, b, shapes, dev)
     # The result goes through an aligned buffer where _run_kernel can store it neither through
     # TMA nor by rows (a split-K kernel, which stores through TMA only, may still copy it).
     if _output_store(out, shapes, a.itemsize) == "copy":
@@ -157,17 +157,19 @@ def _copy_route_reason(a, b, out, shapes: layout.MatmulShapes, dev: device_mod.D
     return reason
 
 
-def _phased_a_bytes(a, b, shapes: layout.MatmulShapes, dev: device_mod.DeviceInfo) -> int:
-    """A's bytes where the call's kernel would read A in place through phase maps
-    (heuristics.phased_a_choice) instead of an aligned copy; else 0."""
-    a3 = operands.batch_view(a, shapes.a_is_vector, 0, shapes.batch_shape)
-    pitch_mod8 = operands.a_pitch_mod8(a3)
-    if not pitch_mod8:
+def _phased_bytes(a, b, shapes: layout.MatmulShapes, dev: device_mod.DeviceInfo) -> int:
+    """The bytes of the operands the call's kernel would read in place through phase maps
+    (heuristics.phased_choice) instead of from aligned copies; else 0."""
+    a_pitch = operands.view_pitch_mod8(a, shapes.a_is_vector, 0, shapes.batch_shape)
+    b_pitch = operands.view_pitch_mod8(b, shapes.b_is_vector, 1, shapes.batch_shape)
+    if not (a_pitch or b_pitch):
         return 0
     problem = _copied_problem(a, b, shapes)
-    phased = heuristics.phased_a_choice(heuristics.choose(problem, dev), pitch_mod8, problem, dev,
-                                        _row_alignment(a, b, shapes))
-    return 0 if phased is None else a.nbytes
+    phased = heuristics.phased_choice(heuristics.choose(problem, dev), a_pitch, b_pitch,
+                                      problem, dev, _row_alignment(a, b, shapes))
+    if phased is None:
+        return 0
+    return a.nbytes * bool(phased.config.a_pitch_mod8) + b.nbytes * bool(phased.config.b_pitch_mod8)
 
 
 def _copied_problem(a, b, shapes: layout.MatmulShapes) -> Problem:
@@ -385,7 +387,7 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
         in_place = _in_place_gemv(a, b, shapes, dev, forced is not None)
         if in_place is not None:
             return in_place
-    ops = operands.kernel_operands(a, b, shapes, phased_a=True)
+    ops = operands.kernel_operands(a, b, shapes, phased=True)
     # A forced schedule wins, then an autotuned winner for this exact problem, then the
     # heuristic.
     reads = fused and (spec.bias or spec.c)
@@ -398,14 +400,13 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
     if row_store:
         choice = heuristics.row_store_choice(choice, ops.problem, dev,
                                              forced=forced is not None) or choice
-    if ops.a_pitch_mod8:   # A left where it lies: its phase maps, or else an aligned copy
-        phased = heuristics.phased_a_choice(choice, ops.a_pitch_mod8, ops.problem, dev,
-                                            _row_alignment(a, b, shapes),
-                                            keep_tile=forced is not None or tuned is not None)
-        if phased is None:
-            ops = operands.with_a_copied(ops)
-        else:
-            choice = phased
+    if ops.a_pitch_mod8 or ops.b_pitch_mod8:   # left where they lie: phase maps, or copies
+        phased = heuristics.phased_choice(choice, ops.a_pitch_mod8, ops.b_pitch_mod8,
+                                          ops.problem, dev, _row_alignment(a, b, shapes),
+                                          keep_tile=forced is not None or tuned is not None)
+        ops = operands.with_copied(ops, "" if phased is None else
+                                   heuristics.phased_operands(phased.config))
+        choice = choice if phased is None else phased
     return KernelCall(**{f.name: getattr(ops, f.name) for f in fields(ops)}, choice=choice)
 
 

@@ -10,7 +10,7 @@ from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
-                        MIN_STAGES, NARROW_BLOCK_N, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
+                        MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
                         WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
                         PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
@@ -1117,97 +1117,160 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     return replace(choice, schedule=single, config=cfg, reason=why)
 
 
-# A phased A's kernel (KernelConfig.a_pitch_mod8) needs a raw buffer beside each stage, so
-# it holds fewer stages than the aligned problem's choice; with fewer than PHASED_A_MIN_STAGES
-# a stage's loads could not overlap the other stages' wgmmas and its shift (predicted), and
-# the aligned copy goes first instead.
-PHASED_A_MIN_STAGES = 3
-# Its time: waves of tiles x k-blocks x the k-block time of its tile shape,
-# PHASED_A_KBLOCK_US: each CTA's raw stages pass through the shift before their wgmmas, and
-# the fewer stages hide less of the loads' latency, so a k-block costs about the same whether
-# A streams from DRAM or not (fitted to 41 products of rows off 16 bytes, M 1500-31000, N
-# 23-312, K 750-30000, H100: within 15 % on 34; NOTES v0.41), and never below the aligned
-# product's own estimate. Shapes not measured take the slowest. It is weighed against cuBLAS
-# reading such rows in place (cublas_unaligned_us, by PHASED_A_CUBLAS_MARGIN: that model's
-# error, 18-26 % rms, put cuBLAS ahead of 4 of 28 phased products of the fit where the two
-# estimates were within 15 %) and against the aligned copy and the product (as
-# copy_route_reason weighs them); where that copy would take under MIN_CALL_US,
-# the copy stays (the phased kernel's fewer stages cost more than it: 629 x 13020 x 174 ran
-# 0.82 x cuBLAS phased, NOTES v0.41).
-PHASED_A_KBLOCK_US = {(WGMMA_M, 128): 0.65, (BLOCK_M, 64): 0.95, (BLOCK_M, 128): 1.05,
-                      (BLOCK_M, 192): 1.2, (BLOCK_M, 256): 1.25}
-PHASED_A_CUBLAS_MARGIN = 0.85
+# A phased kernel (KernelConfig.a_pitch_mod8, b_pitch_mod8: an operand read in place through
+# phase maps) needs a raw buffer beside each stage, so it holds fewer stages than the aligned
+# problem's choice; with fewer than PHASED_MIN_STAGES (schedules.py) it is not offered.
+#
+# Its time: the most k-blocks one CTA loads (waves of tiles x k-blocks, or a split's slice of
+# them) x a k-block's time, which the shift sets: the raw stages pass through the producer
+# warpgroup's 96 spare threads before their wgmmas, so a k-block costs a base and a time per
+# 1024 16-byte chunks shifted (8 per row of each phased tile: A's block_m rows, B's block_n
+# columns' 64 k rows), whether the operands stream from DRAM or not, and never less than the
+# aligned product's own estimate. PHASED_KBLOCK_US: (base, per 1024 chunks), fitted to 131
+# persistent and 20 split-K phased kernels of A, B or both (M 21-251, N 1015-30172, K
+# 824-31753, H100: rms error 10 % and 8 %; NOTES v0.42); split-K CTAs hold fewer stages and
+# spend a slice's fixed costs, hence their larger base.
+#
+# Where both operands qualify, reading one from an aligned copy can win (a few rows of A
+# copied, and half the shifts a k-block): each option pays for its copies (copy_us, and
+# MIN_CALL_US for the copy's launch). The best option is weighed against cuBLAS reading such
+# rows in place (cublas_unaligned_us, by PHASED_CUBLAS_MARGIN: that model's error, 18-26 % rms,
+# put cuBLAS ahead of 4 of 28 phased products of v0.41's fit where the two estimates were
+# within 15 %) and against copying every such operand before the product (as
+# copy_route_reason weighs it); where those copies would take under MIN_CALL_US, they stay
+# (the phased kernel's fewer stages cost more: 629 x 13020 x 174 ran 0.82 x cuBLAS phased,
+# NOTES v0.41).
+PHASED_KBLOCK_US = {"persistent": (0.16, 0.89), "split_k": (0.84, 0.51)}
+PHASED_CHUNKS_PER_ROW = TMA_BOX_ELEMS * ELEM_BYTES // 16
+PHASED_TILES = ((WGMMA_M, 128), (BLOCK_M, 64), (BLOCK_M, 128), (BLOCK_M, 192), (BLOCK_M, 256))
+PHASED_CUBLAS_MARGIN = 0.85
 
 
-def phased_a_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:
-    """The model above's time of the phased kernel of `choice` on `problem`."""
+def phased_operands(cfg: KernelConfig) -> str:
+    """Which operands `cfg` reads through phase maps: "a", "b", "ab" or ""."""
+    return "a" * bool(cfg.a_pitch_mod8) + "b" * bool(cfg.b_pitch_mod8)
+
+
+def phased_kblock_us(choice: Choice) -> float:
+    """PHASED_KBLOCK_US's time of one k-block of `choice`'s phased kernel."""
     cfg = choice.config
-    shape = (cfg.block_m, cfg.block_n)
-    kblock_us = PHASED_A_KBLOCK_US.get(shape, max(PHASED_A_KBLOCK_US.values()))
-    return _waves(choice.schedule, problem, device, shape) * _k_blocks(problem) * kblock_us
+    base, per_kchunk = PHASED_KBLOCK_US["split_k" if choice.schedule.split_k else "persistent"]
+    rows = cfg.block_m * bool(cfg.a_pitch_mod8) + cfg.block_n * bool(cfg.b_pitch_mod8)
+    return base + per_kchunk * rows * PHASED_CHUNKS_PER_ROW / 1024
 
 
-def _phased_a_tiles(choice: Choice, a_pitch_mod8: int, device: DeviceInfo,
-                    keep_tile: bool) -> list:
-    """The phased kernels (KernelConfig.a_pitch_mod8) `choice` may become: its own tile, and
-    unless `keep_tile` (a forced or autotuned choice) the persistent kernel's other tiles of
-    PHASED_A_KBLOCK_US, for which the phased kernel's k-block time, not the aligned
-    product's, decides (fewer waves of bigger tiles can win)."""
+def cta_k_blocks(choice: Choice, problem: Problem, device: DeviceInfo) -> int:
+    """The most k-blocks one CTA of `choice` loads: a split's slice of each tile's (split-K
+    grids hold one CTA per SM at most) or waves of whole tiles (the persistent kernels)."""
+    cfg = choice.config
+    k_blocks = _k_blocks(problem)
+    if choice.schedule.split_k:
+        return -(-k_blocks // choice.splits)
+    return _waves(choice.schedule, problem, device, (cfg.block_m, cfg.block_n)) * k_blocks
+
+
+def phased_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:
+    """The model above's time of the phased kernel of `choice` on `problem`."""
+    return cta_k_blocks(choice, problem, device) * phased_kblock_us(choice)
+
+
+def _phased_options(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem: Problem,
+                    device: DeviceInfo, keep_tile: bool) -> list:
+    """The phased kernels `choice` may become: each operand that qualifies phased, or (where
+    both do) one of them copied instead; on its own schedule, tile and splits, and unless
+    `keep_tile` (a forced or autotuned choice) the persistent kernel's PHASED_TILES and
+    split_k_parallel's tiles with as many splits as fit (few tiles over a long K), for which
+    the phased kernel's k-block time, not the aligned product's, decides."""
     cfg, limit = choice.config, device.smem_per_block_optin
-    own = replace(choice, config=choice.schedule.phased_a_config(cfg, a_pitch_mod8, limit))
-    options = [own]
-    for block_m, block_n in () if keep_tile else PHASED_A_KBLOCK_US:
-        if (block_m, block_n) == (cfg.block_m, cfg.block_n):
+    pitches = [(a_pitch_mod8, b_pitch_mod8)]
+    if a_pitch_mod8 and b_pitch_mod8:
+        pitches += [(a_pitch_mod8, 0), (0, b_pitch_mod8)]
+    others = [choice]
+    for block_m, block_n in () if keep_tile else PHASED_TILES:
+        if (PersistentSchedule, block_m, block_n) == (choice.schedule, cfg.block_m, cfg.block_n):
             continue
         other = PersistentSchedule.deepest(cfg.dtype, block_n, cfg.trans_a, cfg.trans_b, limit,
                                            block_m)
-        if other is None:
-            continue
-        other = replace(other, epilogue=cfg.epilogue, row_store=cfg.row_store)
-        options.append(replace(choice, schedule=PersistentSchedule, config=PersistentSchedule.
-                               phased_a_config(other, a_pitch_mod8, limit)))
-    return [option for option in options if option.config.stages >= PHASED_A_MIN_STAGES]
+        if other is not None:
+            others.append(Choice(PersistentSchedule, other, choice.reason))
+    sched = SplitKParallelSchedule
+    batch_count = min(problem.batch, MAX_GRID_Z)
+    for other in () if keep_tile else split_configs(sched, problem, device):
+        splits = sched.max_splits(problem, other, batch_count, device.sm_count)
+        if splits > 1:
+            others.append(Choice(sched, other, choice.reason, splits=splits))
+    options = []
+    for a_pitch, b_pitch in pitches:
+        for other in others:
+            kept = other.config if other is choice else replace(
+                other.config, epilogue=cfg.epilogue, row_store=cfg.row_store and
+                other.schedule.row_store_ok)
+            options.append(replace(other, config=other.schedule.phased_config(
+                kept, a_pitch, b_pitch, limit)))
+    return [option for option in options if option.config.stages >= PHASED_MIN_STAGES]
+
+
+def _copied_bytes(problem: Problem, copy_a: bool, copy_b: bool) -> int:
+    """The bytes of aligned copies of A and/or B."""
+    p = problem
+    return p.batch * p.k * (p.m * copy_a + p.n * copy_b) * ELEM_BYTES
 
 
 @functools.lru_cache(maxsize=4096)
-def phased_a_choice(choice: Choice, a_pitch_mod8: int, problem: Problem, device: DeviceInfo,
-                    align: int, keep_tile: bool = False) -> Choice | None:
-    """`choice` reading a K-major A of rows off 16 bytes in place through phase maps
-    (KernelConfig.a_pitch_mod8, `a_pitch_mod8`: its row pitch mod 8 elements; `align`: the
-    rows' alignment in bytes, as copy_route_reason takes it; `keep_tile`: a forced or
-    autotuned choice keeps its schedule and tile), or None where it cannot or
-    should not: a schedule without them (`phased_a_ok`: the clusters, split-K, stream-K,
-    gemv), A tiles trimmed to few rows, a tail (whose part of A starts off 16 bytes), fewer
-    than PHASED_A_MIN_STAGES stages beside the raw buffers, an aligned copy of A under
-    MIN_CALL_US, or a model time (phased_a_us, at least the product's) above cuBLAS's on
-    such rows or the aligned copy and product's. Its stages: the choice's, or as many as fit
-    with the raw buffers, from an epilogue ring as small as one box. Asked when a call is
-    planned and again when it runs: remembered, as choose() is."""
+def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem: Problem,
+                  device: DeviceInfo, align: int, keep_tile: bool = False) -> Choice | None:
+    """`choice` reading a K-major A, an N-major B or both whose rows lie off 16 bytes in place
+    through phase maps (KernelConfig.a_pitch_mod8, b_pitch_mod8: each row pitch mod 8
+    elements, 0 for an operand read otherwise; `align`: the rows' alignment in bytes, as
+    copy_route_reason takes it; `keep_tile`: a forced or autotuned choice keeps its schedule,
+    tile and splits), or None where it cannot or should not: a schedule without them
+    (`phased_ok`: the clusters, stream-K, gemv), a tail (whose part of an operand starts off 16
+    bytes), no config of PHASED_MIN_STAGES stages beside the raw buffers, aligned copies under
+    MIN_CALL_US, or a model time (above) over cuBLAS's on such rows or the aligned copies and
+    product's. An operand that qualifies but whose pitch the returned config leaves 0 is read
+    from an aligned copy. Its stages: the choice's, or as many as fit with the raw buffers,
+    from an epilogue ring as small as one box. Asked when a call is planned and again when it
+    runs: remembered, as choose() is."""
     cfg, sched = choice.config, choice.schedule
-    if (not getattr(sched, "phased_a_ok", False) or choice.tail is not None
-            or cfg.a_rows is not None or cfg.trans_a):
+    if not getattr(sched, "phased_ok", False) or choice.tail is not None:
         return None
-    options = _phased_a_tiles(choice, a_pitch_mod8, device, keep_tile)
-    copy_time = copy_us(problem.batch * problem.m * problem.k * ELEM_BYTES)
-    if not options or copy_time < MIN_CALL_US:
+    all_copied = copy_us(_copied_bytes(problem, bool(a_pitch_mod8), bool(b_pitch_mod8)))
+    options = _phased_options(choice, a_pitch_mod8, b_pitch_mod8, problem, device, keep_tile)
+    if not options or all_copied < MIN_CALL_US:
         return None
-    # The tile of the fewest k-block waves (the first, the choice's own, of ties).
-    phased_us, _, phased = min((phased_a_us(option, problem, device), i, option)
-                               for i, option in enumerate(options))
     product_us = _choice_us(choice, problem, device)
-    ours = max(phased_us, product_us or 0.0)
+
+    def total_us(option: Choice) -> float:
+        """The option's k-blocks, at least its aligned product's estimate, and its copies."""
+        c = option.config
+        copy_a, copy_b = bool(a_pitch_mod8 and not c.a_pitch_mod8), bool(b_pitch_mod8 and
+                                                                            not c.b_pitch_mod8)
+        copies = copy_us(_copied_bytes(problem, copy_a, copy_b)) + MIN_CALL_US * (copy_a + copy_b)
+        aligned = _choice_us(option, problem, device)
+        return max(phased_us(option, problem, device), aligned or product_us or 0.0) + copies
+
+    # The fastest option (the first, the choice's own with every operand phased, of ties).
+    ours, _, phased = min((total_us(option), i, option) for i, option in enumerate(options))
     cublas = cublas_unaligned_us(problem, align)
-    copy_path = (math.inf if product_us is None else copy_time + COPY_PATH_BIAS * product_us)
-    if ours > min(PHASED_A_CUBLAS_MARGIN * cublas, copy_path):
+    copy_path = math.inf if product_us is None else all_copied + COPY_PATH_BIAS * product_us
+    if ours > min(PHASED_CUBLAS_MARGIN * cublas, copy_path):
         return None
     cfg = phased.config
-    moved = (cfg.block_m, cfg.block_n) != (choice.config.block_m, choice.config.block_n)
-    tile = f" on {cfg.block_m}x{cfg.block_n} tiles (fewer waves of k-blocks)" if moved else ""
-    why = (f"{choice.reason}; A's rows are not 16-byte aligned: read where they lie through "
+    moved = (phased.schedule, cfg.block_m, cfg.block_n) != (sched, choice.config.block_m,
+                                                             choice.config.block_n)
+    tile = (f" on {phased.schedule.name}'s {cfg.block_m}x{cfg.block_n} tiles (fewer waves of "
+            f"k-blocks)" if moved else "")
+    which = phased_operands(cfg)
+    rows = {"a": "A's rows", "b": "B's rows", "ab": "A's and B's rows"}[which]
+    copied = [name for name, pitch in (("A", a_pitch_mod8), ("B", b_pitch_mod8))
+              if pitch and name.lower() not in which]
+    other = (f"; {copied[0]}, whose rows are off 16 bytes too, from an aligned copy (fewer "
+             f"shifts a k-block)" if copied else "")
+    why = (f"{choice.reason}; {rows} are not 16-byte aligned: read where they lie through "
            f"eight tensor maps of every eighth row and shifted in shared memory{tile} "
-           f"({cfg.stages} stages), ~{ours:.1f} us against cuBLAS's ~{cublas:.1f} on such "
-           f"rows" + (f" and ~{copy_path:.1f} through an aligned copy"
-                      if product_us is not None else ""))
+           f"({cfg.stages} stages){other}, ~{ours:.1f} us against cuBLAS's ~{cublas:.1f} on "
+           f"such rows" + (f" and ~{copy_path:.1f} through aligned copies"
+                           if product_us is not None else ""))
     return replace(phased, reason=why)
 
 

@@ -12,7 +12,7 @@ from . import compile as compiler
 from . import layout, tma, workspace
 from .heuristics import Choice
 from .device import query
-from .layout import A_PHASES, BatchMapping
+from .layout import PHASES, BatchMapping
 from .problem import LINE_BYTES, Problem
 from .schedules import ELEM_BYTES, F32_BYTES, GEMV_VEC, TMA_BOX_ELEMS, WORKSPACE_BOX
 
@@ -200,28 +200,34 @@ def matrix_spec(x3, major: str, box_rows: int) -> tma.TensorMapSpec:
 
 
 def phased_specs(x3) -> list[tuple[int, tma.TensorMapSpec]]:
-    """The A_PHASES maps of a K-major (batch, rows, cols) A whose row pitch is not a multiple of
-    16 bytes (layout.phased_rows_ok), as (byte offset from A's base, map): map j holds rows j,
-    j + A_PHASES, ... from the 16-byte boundary at or before row j (TMA starts boxes on 16
+    """The PHASES maps of a row-major (batch, rows, cols) operand (a K-major A, an N-major B,
+    whose rows are k rows) whose row pitch is not a multiple of 16 bytes
+    (layout.phased_rows_ok), as (byte offset from its base, map): map j holds rows j,
+    j + PHASES, ... from the 16-byte boundary at or before row j (TMA starts boxes on 16
     bytes only), so each of its rows begins with the lead of elements before row j, which
     widens its first dimension; elements past a row's end and rows past the last of the phase
     read as zeros. Its boxes are unswizzled rows of a K-block and room for the lead
-    (tile_config.cuh kARawRowElems), which the kernel shifts into its A tiles."""
+    (tile_config.cuh kRawRowElems), which the kernel shifts into its tiles."""
     nb, rows, cols = x3.shape
     sb, sr, _ = x3.strides
     item = x3.itemsize
     specs = []
-    for j in range(A_PHASES):
+    for j in range(PHASES):
         offset = j * sr // layout.TMA_ALIGN * layout.TMA_ALIGN
         lead = (j * sr - offset) // item
-        phase_rows = -(-(rows - j) // A_PHASES)
-        outer_stride = A_PHASES * sr
+        phase_rows = -(-(rows - j) // PHASES)
+        outer_stride = PHASES * sr
         batch_stride = _stride(sb, nb, outer_stride * phase_rows)
         specs.append((offset, tma.TensorMapSpec(
             dtype=x3.dtype.name, address=x3.data.ptr + offset, dims=(cols + lead, phase_rows, nb),
             strides_bytes=(outer_stride, batch_stride),
-            box=(TMA_BOX_ELEMS + A_PHASES, TMA_BOX_ELEMS // A_PHASES, 1), swizzle=0)))
+            box=(TMA_BOX_ELEMS + PHASES, TMA_BOX_ELEMS // PHASES, 1), swizzle=0)))
     return specs
+
+
+def _phased_templates(x3) -> list:
+    """One kernel parameter of phase maps (phased_specs): (byte offset, template) each."""
+    return [(offset, _map_template(spec)) for offset, spec in phased_specs(x3)]
 
 
 # A map template (KernelLaunch) whose parameter carries only the base address, in its first
@@ -396,14 +402,19 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     # box of (64 k, b_rows rows).
     # The schedule says how many rows a K-major box holds (a cluster loads slices of a tile).
     a_rows, b_rows = sched.box_rows(cfg)
-    spec_b = (matrix_spec(b3, "cols", sched.mn_box_k_rows(cfg)) if cfg.trans_b
-              else matrix_spec(b3, "rows", b_rows))
-    if cfg.a_pitch_mod8:   # A's rows off 16 bytes: one parameter of A_PHASES maps
-        template_a = [(offset, _map_template(spec)) for offset, spec in phased_specs(a3)]
+    # An operand whose rows lie off 16 bytes (a K-major A's, an N-major B's k rows): one
+    # parameter of PHASES maps.
+    if cfg.a_pitch_mod8:
+        template_a = _phased_templates(a3)
     else:
         template_a = _map_template(matrix_spec(a3, "rows", cfg.block_k) if cfg.trans_a
                                    else matrix_spec(a3, "cols", a_rows))
-    templates = [template_a, _map_template(spec_b)]
+    if cfg.b_pitch_mod8:
+        template_b = _phased_templates(b3)
+    else:
+        template_b = _map_template(matrix_spec(b3, "cols", sched.mn_box_k_rows(cfg))
+                                   if cfg.trans_b else matrix_spec(b3, "rows", b_rows))
+    templates = [template_a, template_b]
     if cfg.row_store:  # C's parameter carries its address only: the kernel stores by rows
         templates.append(ADDRESS_SLOT)
         row_store_ints = (problem.m, problem.n, *row_store_strides(c3))

@@ -8,10 +8,10 @@ from dataclasses import dataclass
 
 TMA_ALIGN = 16            # bytes: base address and every non-contiguous stride
 MAX_GRID_Z = 65535        # CUDA's limit on gridDim.z (the batch dimension of a launch)
-# A K-major A whose row pitch is no multiple of 16 bytes is read in place through A_PHASES
+# A K-major A whose row pitch is no multiple of 16 bytes is read in place through PHASES
 # tensor maps of every eighth row: eight rows of 2-byte elements are a multiple of 16 bytes
 # apart for any pitch (KernelConfig.a_pitch_mod8; ptx.cuh's PhasedTensorMaps).
-A_PHASES = 8
+PHASES = 8
 
 
 @dataclass(frozen=True)
@@ -102,12 +102,12 @@ def tma_major(shape2: tuple, strides2: tuple, itemsize: int, address: int) -> st
 
 def phased_rows_ok(shape3: tuple, strides3: tuple, itemsize: int, address: int) -> bool:
     """Whether a (batch, rows, cols) matrix of unit column stride whose row pitch is not a
-    multiple of 16 bytes (one TMA map cannot describe it) can be read through A_PHASES maps of
-    every eighth row (launch.phased_specs): base on 16 bytes, at least A_PHASES rows (each map
+    multiple of 16 bytes (one TMA map cannot describe it) can be read through PHASES maps of
+    every eighth row (launch.phased_specs): base on 16 bytes, at least PHASES rows (each map
     holds one), and batch slices 16-byte multiples apart."""
     nb, rows, cols = shape3
     sb, sr, sc = strides3
-    return (address % TMA_ALIGN == 0 and sc == itemsize and rows >= A_PHASES and sr > 0
+    return (address % TMA_ALIGN == 0 and sc == itemsize and rows >= PHASES and sr > 0
             and sr % itemsize == 0 and sr % TMA_ALIGN != 0
             and (nb == 1 or (sb > 0 and sb % TMA_ALIGN == 0)))
 

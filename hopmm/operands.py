@@ -21,9 +21,10 @@ class KernelOperands:
     copies: list = field(default_factory=list)  # operands the kernel reads from a copy
     # {"a": ..., "b": ...}: each operand's batch view before any aligned copy was made of it
     views: dict = field(default_factory=dict)
-    # A read in place through phase maps (KernelConfig.a_pitch_mod8): its row pitch mod
-    # A_PHASES elements; 0 where A is read through one map (or from a copy).
+    # A or B read in place through phase maps (KernelConfig.a_pitch_mod8, b_pitch_mod8): its
+    # row pitch mod PHASES elements; 0 where it is read through one map (or from a copy).
     a_pitch_mod8: int = 0
+    b_pitch_mod8: int = 0
 
 
 def as_matrix_stack(x, is_vector: bool, vector_axis: int):
@@ -54,43 +55,70 @@ def operand3d(x2, batch_shape: tuple):
     return x[index].reshape(mapping.mod, r, c), mapping
 
 
-def kernel_operands(a, b, shapes: layout.MatmulShapes, phased_a: bool = False) -> KernelOperands:
+def kernel_operands(a, b, shapes: layout.MatmulShapes, phased: bool = False) -> KernelOperands:
     """Batch views and TMA-readable operands (aligned copies where needed), and the problem
-    exactly as the kernel will read them. `phased_a`: a K-major A whose rows are not 16-byte
-    aligned is left where it lies where the phase maps can read it (a_pitch_mod8), not
-    copied."""
+    exactly as the kernel will read them. `phased`: a K-major A or an N-major B whose rows are
+    not 16-byte aligned is left where it lies where the phase maps can read it (pitch_mod8),
+    not copied."""
     (a_view, a_map), (b_view, b_map) = _batch_views(a, b, shapes)
-    pitch_mod8 = a_pitch_mod8(a_view) if phased_a else 0
-    if pitch_mod8:
-        a3, a_axis = a_view, "cols"
-    else:
-        a3, a_axis = launch.prepare_operand(a_view)
-    b3, b_axis = launch.prepare_operand(b_view)
-    # B's lines run along its contiguous axis; its pitch is the stride of the other one.
-    b_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
+    a_pitch = pitch_mod8(a_view) if phased else 0
+    b_pitch = pitch_mod8(b_view) if phased else 0
+    a3, a_axis = (a_view, "cols") if a_pitch else launch.prepare_operand(a_view)
+    b3, b_axis = (b_view, "cols") if b_pitch else launch.prepare_operand(b_view)
+    # B's lines run along its contiguous axis; its pitch is the stride of the other one. A
+    # phased B is described as its aligned copy (whole cache lines a row) would be: the
+    # choice is made for the product on that copy, then kept or given the phase maps.
+    b_line_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
     ops = _operands(a, b, shapes, a3, a_map, a_axis, b3, b_map, b_axis,
-                    b_pitch % LINE_BYTES == 0, {"a": a_view, "b": b_view})
-    ops.a_pitch_mod8 = pitch_mod8
+                    bool(b_pitch) or b_line_pitch % LINE_BYTES == 0, {"a": a_view, "b": b_view})
+    ops.a_pitch_mod8, ops.b_pitch_mod8 = a_pitch, b_pitch
     return ops
 
 
-def with_a_copied(ops: KernelOperands) -> KernelOperands:
-    """`ops` (A left in place for the phase maps) with A read from an aligned copy instead,
-    where the choice does not take the phase maps: B, its copy and the problem as they are."""
-    a3, _ = launch.prepare_operand(ops.views["a"])
-    return replace(ops, a3=a3, copies=["a"] + [name for name in ops.copies if name != "a"],
-                   a_pitch_mod8=0)
+def with_copied(ops: KernelOperands, phased: str) -> KernelOperands:
+    """`ops` (operands left in place for the phase maps) with those the choice does not read
+    through them (not in `phased`, e.g. "b" or "") read from aligned copies instead: the
+    others, their copies and the problem as they are."""
+    copied = [name for name in ("a", "b")
+              if getattr(ops, f"{name}_pitch_mod8") and name not in phased]
+    fresh = {f"{name}3": launch.prepare_operand(ops.views[name])[0] for name in copied}
+    pitches = {f"{name}_pitch_mod8": 0 for name in copied}
+    return replace(ops, **fresh, **pitches,
+                   copies=copied + [n for n in ops.copies if n not in copied])
 
 
-def a_pitch_mod8(a3) -> int:
-    """The row pitch mod A_PHASES elements of a (batch, rows, cols) A that one TMA map cannot
-    read and the phase maps can (layout.phased_rows_ok); 0 otherwise."""
-    args = (a3.shape, a3.strides, a3.itemsize, a3.data.ptr)
-    if layout.tma_major(args[0][1:], args[1][1:], *args[2:]) is not None:
+def view_pitch_mod8(x, is_vector: bool, axis: int, batch_shape: tuple) -> int:
+    """pitch_mod8 of a call operand's batch view (batch_view) without making it (no GPU work,
+    for the plan): 0 where that view would be a new array (a materialised broadcast, or batch
+    dimensions that no stride merges), which the call reads through one map or copies."""
+    x2 = as_matrix_stack(x, is_vector, axis)
+    mapping = layout.batch_mapping(x2.shape[:-2], batch_shape)
+    if mapping is None:
         return 0
-    if not layout.phased_rows_ok(*args):
+    lead = len(batch_shape) - (x2.ndim - 2)   # broadcast dimensions in front of x2's own
+    dims = [(n, st) for i, (n, st) in enumerate(zip(x2.shape[:-2], x2.strides[:-2]))
+            if mapping.lo <= i + lead < mapping.hi and n > 1]
+    if any(outer != n * st for (_, outer), (n, st) in zip(dims, dims[1:])):
+        return 0   # the batch slices lie at no single stride: the reshape copies
+    batch_stride = dims[-1][1] if dims else 0
+    return strided_pitch_mod8((mapping.mod, *x2.shape[-2:]), (batch_stride, *x2.strides[-2:]),
+                              x2.itemsize, x2.data.ptr)
+
+
+def pitch_mod8(x3) -> int:
+    """The row pitch mod PHASES elements of a (batch, rows, cols) operand that one TMA map
+    cannot read and the phase maps can (layout.phased_rows_ok: unit column stride, so a
+    K-major A or an N-major B); 0 otherwise."""
+    return strided_pitch_mod8(x3.shape, x3.strides, x3.itemsize, x3.data.ptr)
+
+
+def strided_pitch_mod8(shape3: tuple, strides3: tuple, itemsize: int, address: int) -> int:
+    """pitch_mod8 of the (batch, rows, cols) array of that shape, byte strides and base."""
+    if layout.tma_major(shape3[1:], strides3[1:], itemsize, address) is not None:
         return 0
-    return a3.strides[1] // a3.itemsize % layout.A_PHASES
+    if not layout.phased_rows_ok(shape3, strides3, itemsize, address):
+        return 0
+    return strides3[1] // itemsize % layout.PHASES
 
 
 def in_place_operands(a, b, shapes: layout.MatmulShapes) -> KernelOperands | None:

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from . import compile as compiler
 from . import sass
 from .device import DeviceInfo
-from .layout import A_PHASES
-from .schedules import DUAL_B_SCHEDULES, SCHEDULES
+from .layout import PHASES
+from .schedules import DUAL_B_SCHEDULES, PHASED_MIN_STAGES, SCHEDULES
 
 # A cluster kernel meets its peers twice: after the mbarrier init and before exit.
 CLUSTER_BARRIERS = 2
@@ -38,17 +38,28 @@ class KernelCheck:
 
 def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     """Every registered (schedule, config) that fits the device's shared memory: matmul's
-    and the shared-A kernels', and each K-major-A config of a schedule that can read A
-    through phase maps once more with them (KernelConfig.a_pitch_mod8; the pitch classes
-    1-7 in turn: each is a constant of the same code)."""
+    and the shared-A kernels', and each config of a schedule that can read operands through
+    phase maps (KernelConfig.a_pitch_mod8, b_pitch_mod8) once more with them, where at least
+    PHASED_MIN_STAGES stages fit: in turn A alone, B alone and both, as its layout allows,
+    and the pitch classes 1-7 in turn (each is a constant of the same code)."""
+    limit = device.smem_per_block_optin
     cases = [(schedule, cfg)
              for schedule in (*SCHEDULES.values(), *DUAL_B_SCHEDULES.values())
-             for cfg in schedule.configs(device.smem_per_block_optin)]
-    phased = [(schedule, cfg) for schedule, cfg in cases
-              if getattr(schedule, "phased_a_ok", False) and not cfg.trans_a]
-    return cases + [(schedule, schedule.phased_a_config(cfg, 1 + i % (A_PHASES - 1),
-                                                        device.smem_per_block_optin))
-                    for i, (schedule, cfg) in enumerate(phased)]
+             for cfg in schedule.configs(limit)]
+    phased = []
+    for i, (schedule, cfg) in enumerate((s, c) for s, c in cases
+                                        if getattr(s, "phased_ok", False)):
+        can = [which for which, ok in (("a", not cfg.trans_a), ("b", cfg.trans_b),
+                                       ("ab", not cfg.trans_a and cfg.trans_b)) if ok]
+        if not can:
+            continue
+        which = can[i % len(can)]
+        a_pitch = 1 + i % (PHASES - 1) if "a" in which else 0
+        b_pitch = 1 + (i + 3) % (PHASES - 1) if "b" in which else 0
+        cfg = schedule.phased_config(cfg, a_pitch, b_pitch, limit)
+        if cfg.stages >= PHASED_MIN_STAGES:
+            phased.append((schedule, cfg))
+    return cases + phased
 
 
 def default_workers() -> int:

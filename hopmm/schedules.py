@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 from . import epilogue as epilogue_mod
 from . import render
 from .epilogue import EpilogueSpec
-from .layout import A_PHASES
+from .layout import PHASES
 from .problem import KERNEL_DTYPES, Problem
 
 WARPGROUP_THREADS = 128
@@ -82,9 +82,12 @@ class KernelConfig:
     # cannot store (epilogue_tma_store.cuh). Only configs whose schedule says `row_store_fits`.
     row_store: bool = False
     # A K-major A whose row pitch is not a multiple of 16 bytes, read in place: that pitch mod
-    # A_PHASES elements (1-7), which places each phase map's rows (producer_tma.cuh); 0: A
-    # through one map. Only for schedules that say `phased_a_ok`.
+    # PHASES elements (1-7), which places each phase map's rows (producer_tma.cuh); 0: A
+    # through one map. Only for schedules that say `phased_ok`.
     a_pitch_mod8: int = 0
+    # The same for an N-major B whose row pitch (between its k rows) is not a multiple of 16
+    # bytes.
+    b_pitch_mod8: int = 0
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -105,11 +108,14 @@ class KernelConfig:
             if not (0 < self.a_rows < self.block_m and self.a_rows % SWIZZLE_ATOM_ROWS == 0):
                 raise ValueError(f"a_rows must be a multiple of {SWIZZLE_ATOM_ROWS} below "
                                  f"block_m = {self.block_m}, got {self.a_rows}")
-        if not (type(self.a_pitch_mod8) is int and 0 <= self.a_pitch_mod8 < A_PHASES):
-            raise ValueError(f"a_pitch_mod8 must be an int in 0..{A_PHASES - 1}, got "
-                             f"{self.a_pitch_mod8!r}")
+        for name in ("a_pitch_mod8", "b_pitch_mod8"):
+            value = getattr(self, name)
+            if not (type(value) is int and 0 <= value < PHASES):
+                raise ValueError(f"{name} must be an int in 0..{PHASES - 1}, got {value!r}")
         if self.a_pitch_mod8 and (self.trans_a or self.a_rows is not None):
             raise ValueError("a_pitch_mod8 (phased A): whole K-major A tiles (no a_rows)")
+        if self.b_pitch_mod8 and not self.trans_b:
+            raise ValueError("b_pitch_mod8 (phased B): an N-major B")
 
     @property
     def a_load_rows(self) -> int:
@@ -123,20 +129,41 @@ class KernelConfig:
         trim = "" if self.a_rows is None else f"_a{self.a_rows}"
         fused = "" if self.epilogue is None else self.epilogue.tag
         rows = "_rs" if self.row_store else ""
-        phased = f"_ap{self.a_pitch_mod8}" if self.a_pitch_mod8 else ""
+        phased = ((f"_ap{self.a_pitch_mod8}" if self.a_pitch_mod8 else "")
+                  + (f"_bp{self.b_pitch_mod8}" if self.b_pitch_mod8 else ""))
         return (f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}"
                 f"_c{self.c_buffers}{trim}{fused}{rows}{phased}_{layout}")
 
 
-def a_raw_bytes(cfg: KernelConfig) -> int:
-    """A phased A's raw buffer of one stage (tile_config.cuh kARawBytes): each of the tile's
-    rows with the K-block and A_PHASES elements of room for its lead; 0 for other A."""
-    return cfg.block_m * (cfg.block_k + A_PHASES) * ELEM_BYTES if cfg.a_pitch_mod8 else 0
+def raw_bytes(cfg: KernelConfig) -> int:
+    """The phased operands' raw buffers of one stage (tile_config.cuh kARawBytes, kBRawBytes):
+    each row of a phased tile (A: block_m rows of the K-block; B: block_k k rows of block_n
+    columns) with PHASES elements of room for its lead; 0 where neither is phased."""
+    raw_row = (TMA_BOX_ELEMS + PHASES) * ELEM_BYTES
+    return raw_row * (cfg.block_m * bool(cfg.a_pitch_mod8)
+                      + cfg.block_n // TMA_BOX_ELEMS * cfg.block_k * bool(cfg.b_pitch_mod8))
+
+
+def is_phased(cfg: KernelConfig) -> bool:
+    """Whether `cfg` reads an operand through phase maps."""
+    return bool(cfg.a_pitch_mod8 or cfg.b_pitch_mod8)
+
+
+# The fewest stages a phased config is offered with (heuristics, the kernels tier): with
+# fewer, a stage's loads could not overlap the other stages' wgmmas and its shift
+# (predicted), and some two-stage kernels of both operands phased spill registers.
+PHASED_MIN_STAGES = 3
+
+
+def map_type(pitch_mod8: int) -> str:
+    """The kernel parameter type of an operand's map: one map, or PHASES of an operand read
+    through phase maps (pitch_mod8 > 0)."""
+    return "hopmm::PhasedTensorMaps" if pitch_mod8 else "hopmm::TensorMap"
 
 
 def stage_barriers(cfg: KernelConfig) -> int:
-    """mbarriers per stage: full and empty, and a phased A's raw-buffer barrier."""
-    return 3 if cfg.a_pitch_mod8 else 2
+    """mbarriers per stage: full and empty, and the phased operands' raw-buffer barrier."""
+    return 3 if is_phased(cfg) else 2
 
 
 class WarpSpecializedSchedule:
@@ -198,10 +225,11 @@ class WarpSpecializedSchedule:
     # Whether the kernel can store its output rows itself (KernelConfig.row_store): the
     # epilogues of whole tiles (TmaStoreEpilogue) with one output.
     row_store_ok = True
-    # Whether the kernel can read A through phase maps (KernelConfig.a_pitch_mod8): the
-    # persistent skeletons' producer warpgroup, whose spare warps shift the raw A stages
-    # (kernel_persistent.cuh); here one thread loads and the others leave.
-    phased_a_ok = False
+    # Whether the kernel can read an operand through phase maps (KernelConfig.a_pitch_mod8,
+    # b_pitch_mod8): its producer warpgroup's spare warps shift the raw stages
+    # (kernel_persistent.cuh, kernel_warp_specialized.cuh's run_one_tile) where its producer
+    # loads single-CTA tiles of one B.
+    phased_ok = False
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -212,9 +240,9 @@ class WarpSpecializedSchedule:
     #    that both agree) --
     @classmethod
     def stage_bytes(cls, cfg: KernelConfig) -> int:
-        """A stage's operand tiles, and a phased A's raw buffer (a_raw_bytes)."""
+        """A stage's operand tiles, and the phased operands' raw buffers (raw_bytes)."""
         return ((cfg.block_m + cls.b_operands * cfg.block_n) * cfg.block_k * ELEM_BYTES
-                + a_raw_bytes(cfg))
+                + raw_bytes(cfg))
 
     @classmethod
     def stage_load_bytes(cls, cfg: KernelConfig) -> int:
@@ -251,14 +279,17 @@ class WarpSpecializedSchedule:
         return (smem_limit - fixed) // per_stage
 
     @classmethod
-    def phased_a_config(cls, cfg: KernelConfig, a_pitch_mod8: int,
-                        smem_limit: int) -> KernelConfig:
-        """`cfg` reading A through phase maps (a_pitch_mod8) with the most stages, at most its
-        own, that fit beside their raw buffers (a_raw_bytes), from an epilogue ring of its
-        own size down to one box (at least MIN_STAGES, which may not fit: callers check)."""
+    def phased_config(cls, cfg: KernelConfig, a_pitch_mod8: int, b_pitch_mod8: int,
+                      smem_limit: int) -> KernelConfig:
+        """`cfg` reading A, B or both through phase maps (a_pitch_mod8, b_pitch_mod8; 0: not
+        that one) with the most stages, at most its own, that fit beside their raw buffers
+        (raw_bytes), from an epilogue ring of its own size down to one box (at least
+        MIN_STAGES, which may not fit: callers check). A phased A loads whole tiles (no
+        a_rows)."""
         best = None
         for c_buffers in range(cfg.c_buffers, 0, -1):
-            phased = replace(cfg, a_pitch_mod8=a_pitch_mod8, c_buffers=c_buffers)
+            phased = replace(cfg, a_pitch_mod8=a_pitch_mod8, b_pitch_mod8=b_pitch_mod8,
+                             c_buffers=c_buffers, a_rows=None if a_pitch_mod8 else cfg.a_rows)
             stages = max(MIN_STAGES, min(cfg.stages, cls.max_stages(phased, smem_limit)))
             if best is None or stages > best.stages:
                 best = replace(phased, stages=stages)
@@ -284,8 +315,9 @@ class WarpSpecializedSchedule:
         if cfg.c_buffers > cls.c_boxes(cfg):
             raise ValueError(f"{cls.name}: at most {cls.c_boxes(cfg)} epilogue staging boxes "
                              f"per consumer (its part of the tile), got {cfg.c_buffers}")
-        if cfg.a_pitch_mod8 and not cls.phased_a_ok:
-            raise ValueError(f"{cls.name}: reads A through one map (no a_pitch_mod8)")
+        if is_phased(cfg) and not cls.phased_ok:
+            raise ValueError(f"{cls.name}: reads each operand through one map (no "
+                             f"a_pitch_mod8 or b_pitch_mod8)")
 
     @classmethod
     def row_store_fits(cls, cfg: KernelConfig) -> bool:
@@ -390,7 +422,7 @@ class WarpSpecializedSchedule:
             "kClusterSize": cls.cluster_size, "kSplitK": cls.split_k,
             "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
             "kBOperands": cls.b_operands, "kRowStore": cfg.row_store,
-            "kAPitchMod8": cfg.a_pitch_mod8,
+            "kAPitchMod8": cfg.a_pitch_mod8, "kBPitchMod8": cfg.b_pitch_mod8,
             "kSmemBytesExpected": cls.smem_bytes(cfg),
             **EpilogueSpec.config_fields(cfg.epilogue),
             **cls.own_config_fields(),
@@ -398,8 +430,8 @@ class WarpSpecializedSchedule:
         fused = cfg.epilogue is not None
         return render.render_kernel(cls.kernel_name(cfg), cls.snippets(), fields,
                                     dict(cls.slots, THREADS=str(cls.threads(cfg)),
-                                         MAP_A_TYPE=("hopmm::PhasedTensorMaps"
-                                                     if cfg.a_pitch_mod8 else "hopmm::TensorMap"),
+                                         MAP_A_TYPE=map_type(cfg.a_pitch_mod8),
+                                         MAP_B_TYPE=map_type(cfg.b_pitch_mod8),
                                          EXTRA_PARAMS=cls.extra_params,
                                          EXTRA_ARGS=cls.extra_args,
                                          EPILOGUE_PARAMS=epilogue_mod.POINTER_PARAMS * fused,
@@ -467,7 +499,7 @@ class PersistentSchedule(WarpSpecializedSchedule):
     name = "persistent"
     skeleton = "kernel_persistent.cuh"
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::persistent_gemm")
-    phased_a_ok = True
+    phased_ok = True
     overlap_store = True
     block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
     # 64-row tiles: where the 128-row tiles leave SMs idle in their last (or only) wave, twice
@@ -492,7 +524,7 @@ class PersistentClusterSchedule(PersistentSchedule):
     pair."""
 
     name = "persistent_cluster"
-    phased_a_ok = False   # the multicast producer loads A in one map
+    phased_ok = False   # the multicast producer loads each operand in one map
     skeleton = "kernel_persistent_cluster.cuh"
     cluster_size = CLUSTER_PAIR
     # N-major B: the CTAs deal the tile's 64-wide boxes out round-robin (192: two and one);
@@ -670,6 +702,7 @@ class SplitKSchedule(WarpSpecializedSchedule):
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::split_k_gemm",
                  EPILOGUE="hopmm::SplitKEpilogue")
     split_k = True
+    phased_ok = True
     splits_label = "k"
     workspace = True
     row_store_ok = False   # the last split's store and the reductions' go through TMA
@@ -763,6 +796,7 @@ class SplitKClusterSchedule(SplitKSchedule):
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::split_k_cluster_gemm",
                  EPILOGUE="hopmm::SplitKClusterEpilogue")
     workspace = False
+    phased_ok = False   # its producer warpgroup joins the cluster's reduction
     cluster_at_launch = True
     extra_params = ""
     extra_args = ""
@@ -854,7 +888,7 @@ class StreamKSchedule(PersistentSchedule):
     once. The grid's CTA count is the choice's `splits`, a multiple of the lanes."""
 
     name = "stream_k"
-    phased_a_ok = False   # its producer and its workers' walk are its own
+    phased_ok = False   # its producer and its workers' walk are its own
     skeleton = "kernel_stream_k.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::stream_k_gemm")
     block_ns = WarpSpecializedSchedule.block_ns
@@ -956,7 +990,7 @@ class SharedASchedule(PersistentSchedule):
     hopmm.matmul."""
 
     name = "shared_a"
-    phased_a_ok = False   # a stage of two B tiles
+    phased_ok = False   # a stage of two B tiles
     skeleton = "kernel_dual_b.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::dual_b_gemm",
                  CONSUMER="hopmm::DualBWgmmaConsumer")

@@ -55,14 +55,14 @@ def tile_shape(tile) -> tuple[int, int]:
     return tile if isinstance(tile, tuple) else (BLOCK_M, tile)
 
 
-def run(a, b, schedule, tile, group=16, row_pitch=None, phased_a=False):
+def run(a, b, schedule, tile, group=16, row_pitch=None, phased=False, splits=1):
     """C = A @ B on one forced schedule, tile and raster group, stored into a NaN-poisoned
     buffer with spare rows below each slice and padding right of each row. Returns (the
     result view, the whole buffer). With `row_pitch` (elements, any), the kernel is the
     row-store config (KernelConfig.row_store) and the buffer's rows lie that far apart,
     starting one element into the buffer (so no row need start on 16 bytes). With
-    `phased_a`, A (rows off 16 bytes) is read where it lies through its phase maps
-    (KernelConfig.a_pitch_mod8)."""
+    `phased`, A and B whose rows lie off 16 bytes are read where they lie through their phase
+    maps (KernelConfig.a_pitch_mod8, b_pitch_mod8). `splits`: a split-K schedule's."""
     from dataclasses import replace
 
     import cupy
@@ -73,15 +73,17 @@ def run(a, b, schedule, tile, group=16, row_pitch=None, phased_a=False):
     from hopmm.schedules import SCHEDULES
 
     shapes = layout.matmul_shapes(a.shape, b.shape)
-    call = operands.kernel_operands(a, b, shapes, phased_a)   # as the tile kernels read them
+    call = operands.kernel_operands(a, b, shapes, phased)   # as the tile kernels read them
     sched = SCHEDULES[schedule]
     p = call.problem
     block_m, block_n = tile_shape(tile)
     smem_limit = query(cupy.cuda.Device().id).smem_per_block_optin
     cfg = sched.deepest(p.dtype, block_n, p.trans_a, p.trans_b, smem_limit, block_m)
-    if phased_a:
-        assert call.a_pitch_mod8 and "a" not in call.copies, "A would be copied"
-        cfg = sched.phased_a_config(cfg, call.a_pitch_mod8, smem_limit)
+    if phased:
+        assert call.a_pitch_mod8 or call.b_pitch_mod8, "no operand for the phase maps"
+        for name in ("a", "b"):
+            assert not (getattr(call, f"{name}_pitch_mod8") and name in call.copies), name
+        cfg = sched.phased_config(cfg, call.a_pitch_mod8, call.b_pitch_mod8, smem_limit)
     if row_pitch is None:
         padded = layout.padded(shapes.n, a.itemsize) + layout.TMA_ALIGN
         buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, padded), cupy.nan, dtype=a.dtype)
@@ -91,7 +93,9 @@ def run(a, b, schedule, tile, group=16, row_pitch=None, phased_a=False):
         buf = cupy.full((shapes.batch, shapes.m + SPARE_ROWS, row_pitch + 1), cupy.nan,
                         dtype=a.dtype)
         c3 = buf[:, :shapes.m, 1:shapes.n + 1]
-    splits = 1
+    if sched.split_k:   # at most the splits the schedule allows on this problem
+        splits = min(splits, sched.max_splits(p, cfg, p.batch,
+                                              query(cupy.cuda.Device().id).sm_count))
     if sched.name == "stream_k":   # as many CTAs a lane as the SMs allow
         splits = sched.most_ctas(p, cfg, p.batch, group, query(cupy.cuda.Device().id).sm_count)
     choice = Choice(sched, cfg, "test", group, splits)
@@ -125,14 +129,14 @@ def run_choice(a, b, adjust, in_place: bool = False):
     return c3.reshape(s.out_shape), choice
 
 
-def check(a, b, schedule, tile, dtype, group=16, phased_a=False):
+def check(a, b, schedule, tile, dtype, group=16, phased=False, splits=1):
     """Runs `run` and asserts: every output element written and within TOL of the reference,
     nothing written below the last row or right of the last column. Returns the result."""
     import cupy
 
     from hopmm.layout import padded
 
-    c3, buf = run(a, b, schedule, tile, group, phased_a=phased_a)
+    c3, buf = run(a, b, schedule, tile, group, phased=phased, splits=splits)
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     ref = ref.reshape(c3.shape)
     got = c3.astype(cupy.float32)

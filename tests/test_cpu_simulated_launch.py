@@ -234,11 +234,7 @@ class SimulatedLaunch:
             # C's box: 8 rows
             return self._split_k_cluster(a_ptr, b_ptr, c_ptr)
         assert self.cluster == (1, 1, 1)
-        phased = isinstance(self.templates[0], list)   # a phased A: eight maps, one parameter
-        a_template = self.templates[0][0][1] if phased else self.templates[0]
-        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_) = (a_template,
-                                                                         self.templates[1])
-        dt = BF16 if a_template[0] == 9 else np.dtype(np.float16)
+        dt = self._dtype()
         if self.row_store:   # the address, then the extent and element strides in the ints
             m, n, row_stride, batch_stride = self.row_store_ints
             nb = self.z0 + self.count
@@ -247,13 +243,10 @@ class SimulatedLaunch:
         else:
             assert self.templates[2][3] == (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1)
             _, c_dims, c_str, *_ = self.templates[2]
-        a, b, c = (_view(p, d, s, dt) for p, d, s in
-                   ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
+        (a, a_dims, a_box), (b, _, _) = self._operand(a_ptr, 0, dt), self._operand(b_ptr, 1, dt)
+        c = _view(c_ptr, c_dims, c_str, dt)
         a_k_major, b_n_major = self.a_k_major, self.b_n_major
-        if phased:
-            a, a_dims = self._phased_a(a_ptr, dt), (self.k, self.m, a_dims[2])
-        else:
-            assert a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (64-wide ones where M-major)
+        assert a_box is None or a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (or 64-wide ones)
         n, m = c_dims[0], c_dims[1]
         block_m = WGMMA_M * (self.block_x // WARPGROUP_THREADS - 1)   # a producer, then consumers
         assert self.tiles_m == -(-m // block_m)
@@ -265,22 +258,41 @@ class SimulatedLaunch:
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
             c[z] = self._final(am.astype(np.float32) @ bm.astype(np.float32), z, dt)
 
-    def _phased_a(self, a_ptr, dt):
-        """A, (batch, m, k), from a phased A's eight maps (launch.phased_specs): map j holds
-        rows j, j + 8, ..., each starting (j * pitch) % 8 elements into the map's rows, the
-        lead the kernel skips (its name's _ap<pitch mod 8>)."""
-        pitch_mod8 = int(_kernel_name(self.function).split("_ap")[1].split("_")[0])
-        group = self.templates[0]
-        assert len(group) == layout.A_PHASES
+    def _dtype(self):
+        """The operands' dtype, from A's map (the first of a phased A's)."""
+        first = self.templates[0][0][1] if isinstance(self.templates[0], list) else \
+            self.templates[0]
+        return BF16 if first[0] == 9 else np.dtype(np.float16)
+
+    def _operand(self, ptr, index, dt):
+        """(The (batch, rows, cols) array, its dims as a map gives them, its box; None for a
+        phased operand's) of map parameter `index` (0: A, 1: B) at `ptr`."""
+        template = self.templates[index]
+        if not isinstance(template, list):
+            _, dims, strides, box, *_ = template
+            return _view(ptr, dims, strides, dt), dims, box
+        x = self._phased(ptr, index, dt)
+        return x, (x.shape[2], x.shape[1], x.shape[0]), None
+
+    def _phased(self, ptr, index, dt):
+        """A (batch, m, k) or B (batch, k, n), map parameter `index`, from its eight phase maps
+        (launch.phased_specs): map j holds rows j, j + 8, ..., each starting (j * pitch) % 8
+        elements into the map's rows, the lead the kernel skips (its name's _ap<pitch mod 8>
+        or _bp<...>)."""
+        tag = "_ap" if index == 0 else "_bp"
+        pitch_mod8 = int(_kernel_name(self.function).split(tag)[1].split("_")[0])
+        rows, cols = (self.m, self.k) if index == 0 else (self.k, self.n)
+        group = self.templates[index]
+        assert len(group) == layout.PHASES
         nb = group[0][1][1][2]
-        a = np.zeros((nb, self.m, self.k), dt)
+        x = np.zeros((nb, rows, cols), dt)
         for j, (offset, (_, dims, strides, box, swizzle, *_)) in enumerate(group):
-            lead = (j * pitch_mod8) % layout.A_PHASES
-            assert dims[:2] == (self.k + lead, -(-(self.m - j) // layout.A_PHASES))
-            assert box == (TMA_BOX_ELEMS + layout.A_PHASES, TMA_BOX_ELEMS // layout.A_PHASES, 1)
+            lead = (j * pitch_mod8) % layout.PHASES
+            assert dims[:2] == (cols + lead, -(-(rows - j) // layout.PHASES))
+            assert box == (TMA_BOX_ELEMS + layout.PHASES, TMA_BOX_ELEMS // layout.PHASES, 1)
             assert swizzle == 0 and offset % layout.TMA_ALIGN == 0
-            a[:, j::layout.A_PHASES] = _view(a_ptr + offset, dims, strides, dt)[:, :, lead:]
-        return a
+            x[:, j::layout.PHASES] = _view(ptr + offset, dims, strides, dt)[:, :, lead:]
+        return x
 
     def _dual_b(self, name, a_ptr, b_ptr, c_ptr, *extra):
         """The shared-A kernels (kernel_dual_b.cuh): the second B (and C) through copies of
@@ -424,16 +436,15 @@ class SimulatedLaunch:
         SimulatedLaunch.split_launches.append((self.grid, stream, w_ptr, sem_ptr))
         assert tiles == self.tiles_m * self.tiles_n and count == self.count
         assert tiles * splits * count <= device.H100_SXM.sm_count or splits == 1
-        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_), \
-            (w_type, w_dims, w_str, w_box, *_) = self.templates
-        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
-        a, b, c = (_view(p, d, s, dt) for p, d, s in
-                   ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
+        (_, c_dims, c_str, *_), (w_type, w_dims, w_str, w_box, *_) = self.templates[2:]
+        dt = self._dtype()
+        (a, _, a_box), (b, _, _) = self._operand(a_ptr, 0, dt), self._operand(b_ptr, 1, dt)
+        c = _view(c_ptr, c_dims, c_str, dt)
         n, m = c_dims[0], c_dims[1]
         consumers = self.block_x // 128 - 1
         block_m = 64 * consumers
         assert self.tiles_m == -(-m // block_m)
-        if self.a_k_major:   # K-major A boxes of 64 rows, or of all the rows the kernel loads
+        if self.a_k_major and a_box:   # K-major A boxes of 64 rows, or all the rows it loads
             assert a_box[1] <= TMA_BOX_ELEMS and a_box[1] % 8 == 0 and \
                 (a_box[1] == TMA_BOX_ELEMS or m <= a_box[1])
         assert w_type == 7 and w_box == (32, 64, 1) and w_dims[2] == count * splits
@@ -461,11 +472,10 @@ class SimulatedLaunch:
         tiles, splits, count = self.grid
         SimulatedLaunch.split_launches.append((self.grid, stream, w_ptr, sem_ptr))
         assert tiles == self.tiles_m * self.tiles_n and count == self.count
-        (_, a_dims, a_str, a_box, *_), (_, b_dims, b_str, b_box, *_), (_, c_dims, c_str, *_), \
-            (w_type, w_dims, w_str, w_box, *_) = self.templates
-        dt = BF16 if self.templates[0][0] == 9 else np.dtype(np.float16)
-        a, b, c = (_view(p, d, s, dt) for p, d, s in
-                   ((a_ptr, a_dims, a_str), (b_ptr, b_dims, b_str), (c_ptr, c_dims, c_str)))
+        (_, c_dims, c_str, *_), (w_type, w_dims, w_str, w_box, *_) = self.templates[2:]
+        dt = self._dtype()
+        (a, _, _), (b, _, _) = self._operand(a_ptr, 0, dt), self._operand(b_ptr, 1, dt)
+        c = _view(c_ptr, c_dims, c_str, dt)
         a_k_major, b_n_major = self.a_k_major, self.b_n_major
         n, m = c_dims[0], c_dims[1]
         assert (n, m) == (c.shape[2], c.shape[1])

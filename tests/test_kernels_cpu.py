@@ -7,7 +7,7 @@ import pytest
 from hopmm import compile as compiler
 from hopmm import render, report, sass
 from hopmm.device import H100_SXM
-from hopmm.schedules import BLOCK_M, TALL_BLOCK_M
+from hopmm.schedules import BLOCK_M, TALL_BLOCK_M, is_phased
 
 CASES = report.kernel_matrix(H100_SXM)
 IDS = [sched.kernel_name(cfg) for sched, cfg in CASES]
@@ -326,9 +326,9 @@ def test_tall_tiles_trade_the_second_staging_box_for_a_fourth_stage():
     assert Cluster.max_stages(replace(tall, c_buffers=2), smem) == DEEP_STAGES - 1
     assert Cluster.threads(tall) == 4 * 128
     # where a ring of two leaves DEEP_STAGES or more, a ring of one is never taken
-    # (a phased A's configs trade the ring for stages beside their raw buffers: not deepest's)
+    # (phased configs trade the ring for stages beside their raw buffers: not deepest's)
     assert all(cfg.c_buffers >= 2 for sched, cfg in CASES if cfg.block_m == BLOCK_M
-               and sched.c_boxes(cfg) >= 2 and not cfg.a_pitch_mod8)
+               and sched.c_boxes(cfg) >= 2 and not is_phased(cfg))
 
 
 def test_epilogue_ring_leaves_room_for_stages():
@@ -347,7 +347,7 @@ def test_epilogue_ring_leaves_room_for_stages():
     assert (mid.stages, mid.c_buffers) == (4, PersistentSchedule.c_boxes(mid))
     for sched, cfg in CASES:
         floor = (min(MIN_C_BUFFERS, sched.c_boxes(cfg))
-                 if cfg.block_m == BLOCK_M and not cfg.a_pitch_mod8 else 1)
+                 if cfg.block_m == BLOCK_M and not is_phased(cfg) else 1)
         assert floor <= cfg.c_buffers <= sched.c_boxes(cfg), sched.kernel_name(cfg)
         with pytest.raises(ValueError, match="staging boxes"):
             sched.render(replace(cfg, c_buffers=sched.c_boxes(cfg) + 1))

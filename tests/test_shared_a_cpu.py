@@ -336,5 +336,5 @@ def test_a_launch_takes_the_shared_a_kernels_five_maps():
     # One base address per map, then the pointers: 7, checked before anything is launched.
     with pytest.raises(ValueError, match="one base address per tensor map, then 2 pointer"):
         five.launch(0, *range(1, 7))
-    with pytest.raises(ValueError, match="at most 12 tensor maps"):
-        _tensormap.KernelLaunch(0, (1, 1, 1), 384, 0, [template] * 13, [], 0, False, (1, 1, 1))
+    with pytest.raises(ValueError, match="at most 20 tensor maps"):
+        _tensormap.KernelLaunch(0, (1, 1, 1), 384, 0, [template] * 21, [], 0, False, (1, 1, 1))

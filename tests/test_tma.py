@@ -481,7 +481,7 @@ def make_launch(**kw):
 
 @pytest.mark.parametrize("kw,match", [
     (dict(grid=(1, 1)), "grid"),
-    (dict(map_templates=[GOOD_TEMPLATE] * 13), "at most 12"),
+    (dict(map_templates=[GOOD_TEMPLATE] * 21), "at most 20"),
     (dict(map_templates=[GOOD_TEMPLATE[:6]]), "7 fields"),
     (dict(ints=list(range(33))), "ints"),  # 32 at most (test_row_store_cpu counts the need)
     (dict(map_templates=[(9, (64, 64, 1), (128,), (64, 64, 1), 3, 2, 0)]), "strides_bytes"),

@@ -35,12 +35,11 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
                                                     const TensorMap* map_b2 = nullptr) {
     typedef TileShape<Cfg> S;
     setmaxnreg_dec<kProducerRegs>();
-    if constexpr (S::kPhasedA) {   // warps 1-3 shift a phased A's raw stages into A tiles
-        if (thread >= kWarpgroupThreads - S::kFixupThreads) {
+    if constexpr (S::kPhased) {   // warps 1-3 shift phased raw stages into the tiles
+        if (is_fixup_thread<Cfg>(thread)) {
             int tiles = 0;
             for (int t = walk.first(); t < walk.end; t += walk.stride()) ++tiles;
-            PhasedAFixup<Cfg>::run(smem, thread - (kWarpgroupThreads - S::kFixupThreads),
-                                   tiles * num_k_blocks);
+            PhasedFixup<Cfg>::run(smem, fixup_index<Cfg>(thread), tiles * num_k_blocks);
             return;
         }
     }

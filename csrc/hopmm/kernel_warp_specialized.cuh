@@ -37,6 +37,10 @@ __device__ __forceinline__ void run_one_tile(const TensorMap* map_a, const Tenso
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
+        if constexpr (S::kPhased) {   // warps 1-3 shift phased raw stages into the tiles
+            if (is_fixup_thread<Cfg>(thread))
+                PhasedFixup<Cfg>::run(smem, fixup_index<Cfg>(thread), slice.count);
+        }
         if (thread == 0) {
             before_loads();
             Producer::load_tile(map_a, map_b, smem, m0, n0, raster.m - m0, raster.n - n0,

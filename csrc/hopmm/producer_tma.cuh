@@ -38,25 +38,34 @@ struct TmaProducer {
                                                                  ROWS / kTmaBoxElems);
     }
 
-    // Elements between the 16-byte boundary phase map j starts on and row j (TileShape::
-    // kPhasedA): the pitch's multiples mod 8 (A's base is on 16 bytes).
-    __device__ __forceinline__ static constexpr int a_lead(int j) {
-        return (j * Cfg::kAPitchMod8) % kAPhases;
+    // Elements between the 16-byte boundary phase map j starts on and row j of an operand of
+    // row pitch `pitch_mod8` mod 8 elements (TileShape::kPhased; its base is on 16 bytes).
+    __device__ __forceinline__ static constexpr int phase_lead(int j, int pitch_mod8) {
+        return (j * pitch_mod8) % kPhases;
     }
 
-    // A phased A's raw stage (TileShape::kPhasedA): for each of the first `blocks` 64-row
-    // blocks, one box of kAPhaseRows rows of kARawRowElems per phase, from the K-block's start
-    // on each map, at `raw` + (block * kAPhases + phase) boxes.
-    __device__ __forceinline__ static void load_a_raw(unsigned char* raw, const TensorMap* maps,
-                                                      u64* bar, int m0, int k0, int z,
-                                                      int blocks) {
+    // A phased operand's raw stage (TileShape::kPhased): for each of the first `blocks` 64-row
+    // blocks of its tile, one box of kPhaseRows rows of kRawRowElems per phase, at `raw` +
+    // (block * kPhases + phase) boxes. A's blocks are 64 m rows of the K-block (map
+    // coordinates: k0, the block's first row / 8); B's are the K-block's 64 k rows of 64
+    // columns (n0 + 64 block, k0 / 8). Each box starts on its row's 16-byte boundary: the
+    // phase's lead before the block.
+    template <bool B_ROWS_ARE_K>
+    __device__ __forceinline__ static void load_raw(unsigned char* raw, const TensorMap* maps,
+                                                    u64* bar, int row0, int k0, int z,
+                                                    int blocks) {
+        constexpr int kMaxBlocks = B_ROWS_ARE_K ? S::kBRawBlocks : S::kARawBlocks;
 #pragma unroll
-        for (int b = 0; b < S::kABoxes; ++b) {
+        for (int b = 0; b < kMaxBlocks; ++b) {
             if (b >= blocks) break;
 #pragma unroll
-            for (int j = 0; j < kAPhases; ++j)
-                tma_load_3d(raw + (b * kAPhases + j) * S::kARawBoxBytes, maps + j, bar, k0,
-                            (m0 + b * kTmaBoxElems) / kAPhases, z);
+            for (int j = 0; j < kPhases; ++j) {
+                unsigned char* box = raw + (b * kPhases + j) * S::kRawBoxBytes;
+                if (B_ROWS_ARE_K)
+                    tma_load_3d(box, maps + j, bar, row0 + b * kTmaBoxElems, k0 / kPhases, z);
+                else
+                    tma_load_3d(box, maps + j, bar, k0, (row0 + b * kTmaBoxElems) / kPhases, z);
+            }
         }
     }
 
@@ -86,7 +95,10 @@ struct TmaProducer {
         const int b_boxes = boxes_holding(rows_b, S::kBlockN, kTmaBoxElems);
         const u32 a_bytes = a_boxes * S::kABoxBytes;
         const u32 b_bytes = S::kBOperands * b_boxes * S::kBBoxBytes;
-        const u32 stage_bytes = S::kPhasedA ? b_bytes : a_bytes + b_bytes;  // A: its raw barrier
+        // A phased operand's bytes land on the raw barrier, the others' on the full barrier.
+        const u32 stage_bytes = (S::kPhasedA ? 0 : a_bytes) + (S::kPhasedB ? 0 : b_bytes);
+        const u32 raw_bytes = ((S::kPhasedA ? a_boxes : 0) + (S::kPhasedB ? b_boxes : 0)) *
+                              S::kRawBlockBytes;
         for (int kb = first_k_block; kb < first_k_block + num_k_blocks; ++kb, ++ring) {
             const int s = ring % S::kStages;
             const u32 phase = (ring / S::kStages) & 1;
@@ -95,16 +107,19 @@ struct TmaProducer {
             mbar_wait(smem.empty_bar(s), phase ^ 1);
             mbar_arrive_expect_tx(smem.full_bar(s), stage_bytes);
             const int k0 = kb * S::kBlockK;
-            if constexpr (S::kPhasedA) {
-                mbar_arrive_expect_tx(smem.raw_bar(s), a_boxes * S::kARawBlockBytes);
-                load_a_raw(smem.a_raw(s), map_a, smem.raw_bar(s), m0, k0, za, a_boxes);
-            } else
+            if constexpr (S::kPhased) mbar_arrive_expect_tx(smem.raw_bar(s), raw_bytes);
+            if constexpr (S::kPhasedA)
+                load_raw<false>(smem.a_raw(s), map_a, smem.raw_bar(s), m0, k0, za, a_boxes);
+            else
                 load_boxes<Cfg::kTransA, S::kABoxRows, S::kABoxes>(smem.a_tile(s), map_a,
                                                                    smem.full_bar(s), m0, k0,
                                                                    za, a_boxes);
-            load_boxes<Cfg::kTransB, kTmaBoxElems, S::kBBoxes>(smem.b_tile(s), map_b,
-                                                               smem.full_bar(s), n0, k0, zb,
-                                                               b_boxes);
+            if constexpr (S::kPhasedB)
+                load_raw<true>(smem.b_raw(s), map_b, smem.raw_bar(s), n0, k0, zb, b_boxes);
+            else
+                load_boxes<Cfg::kTransB, kTmaBoxElems, S::kBBoxes>(smem.b_tile(s), map_b,
+                                                                   smem.full_bar(s), n0, k0,
+                                                                   zb, b_boxes);
             if constexpr (S::kBOperands == 2)
                 load_boxes<Cfg::kTransB, kTmaBoxElems, S::kBBoxes>(smem.b_tile(s, 1), map_b2,
                                                                    smem.full_bar(s), n0, k0, zb,
@@ -113,37 +128,48 @@ struct TmaProducer {
     }
 };
 
-// A phased A's shifting threads (TileShape::kFixupThreads of the producer warpgroup): for each
-// k-block the producer loads, once its raw stage has landed, every row of the raw buffer goes
-// into the stage's A tile: raw row q of phase j of block b is the tile's row 64 b + 8 q + j,
-// its K-block starting a_lead(j) elements in. A 16-byte chunk of the tile takes the two
-// aligned 16-byte vectors of the raw row around it, shifted down by the lead's bytes
-// (shifted_v4), and lands at its 128-byte-swizzled place. Eight consecutive threads take one
-// row's eight chunks, so each quarter-warp reads 144 contiguous bytes and writes one 128-byte
-// row: no bank conflicts. The writes are handed to the async proxy (wgmma) before each thread
-// arrives on the stage's full barrier.
+// Whether producer-warpgroup thread `thread` shifts phased raw stages (the last
+// kFixupThreads), and its index among them.
 template <class Cfg>
-struct PhasedAFixup {
+__device__ __forceinline__ bool is_fixup_thread(int thread) {
+    return thread >= kWarpgroupThreads - TileShape<Cfg>::kFixupThreads;
+}
+template <class Cfg>
+__device__ __forceinline__ int fixup_index(int thread) {
+    return thread - (kWarpgroupThreads - TileShape<Cfg>::kFixupThreads);
+}
+
+// The phased operands' shifting threads (TileShape::kFixupThreads of the producer
+// warpgroup): for each k-block the producer loads, once its raw stage has landed, every row of
+// each phased operand's raw buffer goes into the stage's tile: raw row q of phase j of block b
+// is the tile's row 64 b + 8 q + j (A: an m row; B: a k row of its b-th 64 columns), its 64
+// elements starting phase_lead(j) in. A 16-byte chunk of the tile takes the two aligned
+// 16-byte vectors of the raw row around it, shifted down by the lead's bytes (shifted_v4),
+// and lands at its 128-byte-swizzled place. Eight consecutive threads take one row's eight
+// chunks, so each quarter-warp reads 144 contiguous bytes and writes one 128-byte row: no bank
+// conflicts. The writes are handed to the async proxy (wgmma) before each thread arrives on
+// the stage's full barrier.
+template <class Cfg>
+struct PhasedFixup {
     typedef TileShape<Cfg> S;
-    static constexpr int kChunksPerRow = S::kBlockK * kElemBytes / 16;
-    static constexpr int kChunks = S::kBlockM * kChunksPerRow;
+    static constexpr int kChunksPerRow = kSwizzleBytes / 16;
 
     static_assert(S::kFixupThreads % kChunksPerRow == 0, "a row's chunks in one quarter-warp");
-    static_assert(S::kARawRowBytes % 16 == 0, "raw rows start on 16 bytes");
+    static_assert(S::kRawRowBytes % 16 == 0, "raw rows start on 16 bytes");
 
-    // One k-block: stage s's raw buffer into its A tile, by fixup thread `t`.
-    __device__ __forceinline__ static void shift_stage(const SharedStorage<Cfg>& smem, int s,
-                                                       int t) {
-        const u32 raw = smem_addr(smem.a_raw(s)), tile = smem_addr(smem.a_tile(s));
+    // One operand's raw buffer `raw` of BLOCKS 64-row blocks into its tile, by fixup thread t.
+    template <int BLOCKS, int PITCH_MOD8>
+    __device__ __forceinline__ static void shift(u32 raw, u32 tile, int t) {
+        constexpr int kChunks = BLOCKS * kTmaBoxElems * kChunksPerRow;
 #pragma unroll 2
         for (int i = t; i < kChunks; i += S::kFixupThreads) {
             const int chunk = i % kChunksPerRow, raw_row = i / kChunksPerRow;
             const int block = raw_row / kTmaBoxElems, in_block = raw_row % kTmaBoxElems;
-            const int j = in_block / S::kAPhaseRows, q = in_block % S::kAPhaseRows;
-            const u32 shift = TmaProducer<Cfg>::a_lead(j) * kElemBytes;   // raw rows: 16-aligned
-            const u32 at = raw + raw_row * S::kARawRowBytes + chunk * 16;
-            const uint4 v = shifted_v4(ld_shared_v4(at), ld_shared_v4(at + 16), shift);
-            const int row = block * kTmaBoxElems + q * kAPhases + j;   // of the tile
+            const int j = in_block / S::kPhaseRows, q = in_block % S::kPhaseRows;
+            const u32 lead = TmaProducer<Cfg>::phase_lead(j, PITCH_MOD8) * kElemBytes;
+            const u32 at = raw + raw_row * S::kRawRowBytes + chunk * 16;   // raw rows: 16-aligned
+            const uint4 v = shifted_v4(ld_shared_v4(at), ld_shared_v4(at + 16), lead);
+            const int row = block * kTmaBoxElems + q * kPhases + j;   // of the tile
             const u32 dst = tile + (row / 8) * (8 * kSwizzleBytes) + (row % 8) * kSwizzleBytes +
                             ((chunk ^ (row % 8)) * 16);
             st_shared_v4(dst, v.x, v.y, v.z, v.w);
@@ -153,10 +179,16 @@ struct PhasedAFixup {
     // Every k-block of the CTA's `k_blocks` (all its tiles'), in the producer's ring order.
     __device__ __forceinline__ static void run(const SharedStorage<Cfg>& smem, int t,
                                                int k_blocks) {
+#pragma unroll 1
         for (int ring = 0; ring < k_blocks; ++ring) {
             const int s = ring % S::kStages;
             mbar_wait(smem.raw_bar(s), (ring / S::kStages) & 1);
-            shift_stage(smem, s, t);
+            if constexpr (S::kPhasedA)
+                shift<S::kARawBlocks, Cfg::kAPitchMod8>(smem_addr(smem.a_raw(s)),
+                                                        smem_addr(smem.a_tile(s)), t);
+            if constexpr (S::kPhasedB)
+                shift<S::kBRawBlocks, Cfg::kBPitchMod8>(smem_addr(smem.b_raw(s)),
+                                                        smem_addr(smem.b_tile(s)), t);
             fence_proxy_async_smem();
             mbar_arrive(smem.full_bar(s));
         }

@@ -15,12 +15,13 @@ struct alignas(64) TensorMap {
 };
 static_assert(sizeof(TensorMap) == 128, "CUtensorMap is 128 bytes");
 
-// A K-major A whose row pitch is not a multiple of 16 bytes, which one map cannot describe, as
-// kAPhases maps: map j holds rows j, j + 8, j + 16, ... (eight rows' pitch is a multiple of 16
-// bytes for any pitch), from the 16-byte boundary at or before row j (producer_tma.cuh).
-constexpr int kAPhases = 8;
+// An operand whose row pitch is not a multiple of 16 bytes (a K-major A's m rows, an N-major
+// B's k rows), which one map cannot describe, as kPhases maps: map j holds rows j, j + 8,
+// j + 16, ... (eight rows' pitch is a multiple of 16 bytes for any pitch), from the 16-byte
+// boundary at or before row j (producer_tma.cuh).
+constexpr int kPhases = 8;
 struct PhasedTensorMaps {
-    TensorMap phase[kAPhases];
+    TensorMap phase[kPhases];
 };
 
 // The first (or only) map of a map parameter, as the skeletons take it.

@@ -79,7 +79,7 @@ struct TileShape {
     static constexpr int kBOperands = Cfg::kBOperands;
     static_assert(kBOperands == 1 || kBOperands == 2, "one B tile per stage, or two");
     static_assert(kBOperands == 1 || kClusterSize == 1, "clusters multicast a single B tile");
-    static constexpr u32 kStageBytes = kABytes + kBOperands * kBBytes;   // raw A: kARawOffset
+    static constexpr u32 kStageBytes = kABytes + kBOperands * kBBytes;   // raw: kARawOffset
     // Rows of a K-major A tile that TMA loads per stage: all kBlockM, or fewer where the
     // problem has fewer rows (decode: M <= 16). The rows past them keep whatever the stage
     // held; each wgmma output row depends on its own A row only, so those rows of C are
@@ -98,31 +98,41 @@ struct TileShape {
     static_assert(kARows % kABoxRows == 0, "A's loaded rows are whole boxes");
     static constexpr int kABoxes = kARows / kABoxRows;
     static constexpr u32 kABoxBytes = kABoxRows * kBlockK * kElemBytes;
-    // A K-major A whose rows are not 16-byte aligned (Cfg::kAPitchMod8: its row pitch mod 8
-    // elements; 0 where they are) comes through kAPhases maps of every eighth row
-    // (PhasedTensorMaps). TMA starts a box only on a 16-byte boundary of a row, so each
-    // phase's rows arrive shifted by that phase's lead (the elements between the boundary and
-    // the row's start, TmaProducer::a_lead): each stage has a raw buffer, in which every
-    // 64-row block of the tile is one box of kAPhaseRows rows per phase, each row
-    // kARawRowElems long (the K-block and room for the lead), and the producer warpgroup's
-    // other warps copy it, shifted back and in row order, into the stage's A tile
-    // (PhasedAFixup). Rows of the raw buffer are unswizzled; the A tile is what wgmma reads.
+    // An operand whose rows are not 16-byte aligned (Cfg::kAPitchMod8: a K-major A's row pitch
+    // mod 8 elements, Cfg::kBPitchMod8: an N-major B's, whose rows are k rows; 0 where they
+    // are) comes through kPhases maps of every eighth row (PhasedTensorMaps). TMA starts a box
+    // only on a 16-byte boundary of a row, so each phase's rows arrive shifted by that phase's
+    // lead (the elements between the boundary and the row's start, TmaProducer::phase_lead):
+    // each stage has a raw buffer per such operand, in which every 64-row block of its tile (A:
+    // 64 m rows of the K-block; B: the K-block's 64 k rows of 64 columns) is one box of
+    // kPhaseRows rows per phase, each row kRawRowElems long (64 elements and room for the
+    // lead), and the producer warpgroup's other warps copy it, shifted back and in row order,
+    // into the stage's tile (PhasedFixup). Rows of the raw buffer are unswizzled; the tile is
+    // what wgmma reads. Either tile is whole 64-row blocks of 128-byte rows, swizzled alike.
     static constexpr bool kPhasedA = Cfg::kAPitchMod8 != 0;
-    static constexpr int kAPhaseRows = kTmaBoxElems / kAPhases;
-    static constexpr int kARawRowElems = kBlockK + kAPhases;
-    static constexpr u32 kARawRowBytes = kARawRowElems * kElemBytes;
-    static constexpr u32 kARawBoxBytes = kAPhaseRows * kARawRowBytes;
-    static constexpr u32 kARawBlockBytes = kAPhases * kARawBoxBytes;   // of a 64-row block
-    static constexpr u32 kARawBytes = kPhasedA ? kBlockM / kTmaBoxElems * kARawBlockBytes : 0;
+    static constexpr bool kPhasedB = Cfg::kBPitchMod8 != 0;
+    static constexpr bool kPhased = kPhasedA || kPhasedB;
+    static constexpr int kPhaseRows = kTmaBoxElems / kPhases;
+    static constexpr int kRawRowElems = kTmaBoxElems + kPhases;
+    static constexpr u32 kRawRowBytes = kRawRowElems * kElemBytes;
+    static constexpr u32 kRawBoxBytes = kPhaseRows * kRawRowBytes;
+    static constexpr u32 kRawBlockBytes = kPhases * kRawBoxBytes;   // of a 64-row block
+    static constexpr int kARawBlocks = kPhasedA ? kBlockM / kTmaBoxElems : 0;
+    static constexpr int kBRawBlocks = kPhasedB ? kBlockN / kTmaBoxElems : 0;
+    static constexpr u32 kARawBytes = kARawBlocks * kRawBlockBytes;
+    static constexpr u32 kBRawBytes = kBRawBlocks * kRawBlockBytes;
     static constexpr u32 kTmaSmemAlign = 128;   // an unswizzled box's shared-memory start
-    static_assert(kARawBoxBytes % kTmaSmemAlign == 0, "raw boxes start where TMA writes");
-    static_assert(Cfg::kAPitchMod8 >= 0 && Cfg::kAPitchMod8 < kAPhases, "a pitch mod 8");
-    static_assert(!kPhasedA || (!Cfg::kTransA && kARows == kBlockM && kClusterSize == 1 &&
-                                kBOperands == 1),
-                  "phased A: whole K-major A tiles, one B, no multicast");
-    // The producer warpgroup's threads that shift raw A into the A tile (all but warp 0, whose
-    // first thread issues the loads); each arrives on the stage's full barrier.
-    static constexpr int kFixupThreads = kPhasedA ? kWarpgroupThreads - 32 : 0;
+    static_assert(kRawBoxBytes % kTmaSmemAlign == 0, "raw boxes start where TMA writes");
+    static_assert(Cfg::kAPitchMod8 >= 0 && Cfg::kAPitchMod8 < kPhases &&
+                  Cfg::kBPitchMod8 >= 0 && Cfg::kBPitchMod8 < kPhases, "a pitch mod 8");
+    static_assert(!kPhasedA || (!Cfg::kTransA && kARows == kBlockM),
+                  "phased A: whole K-major A tiles");
+    static_assert(!kPhasedB || Cfg::kTransB, "phased B: N-major B tiles");
+    static_assert(!kPhased || (kClusterSize == 1 && kBOperands == 1),
+                  "phased operands: one B, no multicast");
+    // The producer warpgroup's threads that shift raw stages into the tiles (all but warp 0,
+    // whose first thread issues the loads); each arrives on the stage's full barrier.
+    static constexpr int kFixupThreads = kPhased ? kWarpgroupThreads - 32 : 0;
     static constexpr int kBBoxes = kBlockN / kTmaBoxElems;
     static constexpr u32 kBBoxBytes = kTmaBoxElems * kBlockK * kElemBytes;
     // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
@@ -148,15 +158,17 @@ struct TileShape {
     static constexpr u32 kAOffset = 0;
     static constexpr u32 kBOffset = kAOffset + kStages * kABytes;
     static constexpr u32 kARawOffset = kBOffset + kStages * kBOperands * kBBytes;
-    static constexpr u32 kCOffset = kARawOffset + kStages * kARawBytes;
+    static constexpr u32 kBRawOffset = kARawOffset + kStages * kARawBytes;
+    static constexpr u32 kCOffset = kBRawOffset + kStages * kBRawBytes;
     static constexpr u32 kBarrierOffset = kCOffset + kConsumers * kCBytesPerConsumer;
-    // full and empty per stage, and a phased A's raw-buffer barrier.
-    static constexpr int kBarriersPerStage = kPhasedA ? 3 : 2;
+    // full and empty per stage, and the phased operands' raw-buffer barrier.
+    static constexpr int kBarriersPerStage = kPhased ? 3 : 2;
     static constexpr u32 kBarrierBytes = kBarriersPerStage * kStages * sizeof(u64);
     // The dynamic allocation is padded so the base can be rounded up to kSmemAlign.
     static constexpr u32 kSmemBytes = kBarrierOffset + kBarrierBytes + kSmemAlign;
     static_assert(kABytes % kSmemAlign == 0 && kBBytes % kSmemAlign == 0 &&
-                  kARawBytes % kSmemAlign == 0, "tiles stay aligned");
+                  kARawBytes % kSmemAlign == 0 && kBRawBytes % kSmemAlign == 0,
+                  "tiles stay aligned");
     static_assert(kSmemBytes == Cfg::kSmemBytesExpected,
                   "the Python shared-memory plan (schedules.py) disagrees with this one");
 
@@ -193,9 +205,12 @@ struct SharedStorage {
     __device__ __forceinline__ u64* empty_bar(int s) const {
         return reinterpret_cast<u64*>(base + S::kBarrierOffset) + S::kStages + s;
     }
-    // A phased A's raw buffer of stage s and the barrier its loads complete on.
+    // The phased operands' raw buffers of stage s and the barrier their loads complete on.
     __device__ __forceinline__ unsigned char* a_raw(int s) const {
         return base + S::kARawOffset + s * S::kARawBytes;
+    }
+    __device__ __forceinline__ unsigned char* b_raw(int s) const {
+        return base + S::kBRawOffset + s * S::kBRawBytes;
     }
     __device__ __forceinline__ u64* raw_bar(int s) const {
         return reinterpret_cast<u64*>(base + S::kBarrierOffset) + 2 * S::kStages + s;
@@ -237,10 +252,10 @@ __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char
         (reinterpret_cast<unsigned long long>(smem_raw) + kSmemAlign - 1) & ~(u64)(kSmemAlign - 1));
     if (threadIdx.x == 0) {
         for (int s = 0; s < S::kStages; ++s) {
-            // The producer's expect_tx arrive, and a phased A's shifting threads.
+            // The producer's expect_tx arrive, and the phased operands' shifting threads.
             mbar_init(smem.full_bar(s), 1 + S::kFixupThreads);
             mbar_init(smem.empty_bar(s), S::kEmptyArrivals);  // each reader of each CTA
-            if constexpr (S::kPhasedA) mbar_init(smem.raw_bar(s), 1);
+            if constexpr (S::kPhased) mbar_init(smem.raw_bar(s), 1);
         }
         fence_barrier_init();
         tma_prefetch_map(map_a);
