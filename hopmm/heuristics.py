@@ -1128,7 +1128,7 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
 # columns' 64 k rows), whether the operands stream from DRAM or not, and never less than the
 # aligned product's own estimate. PHASED_KBLOCK_US: (base, per 1024 chunks), fitted to 131
 # persistent and 20 split-K phased kernels of A, B or both (M 21-251, N 1015-30172, K
-# 824-31753, H100: rms error 10 % and 8 %; NOTES v0.42); split-K CTAs hold fewer stages and
+# 824-31753, H100: rms error 10 % each; NOTES v0.42); split-K CTAs hold fewer stages and
 # spend a slice's fixed costs, hence their larger base.
 #
 # Where both operands qualify, reading one from an aligned copy can win (a few rows of A
@@ -1140,7 +1140,7 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
 # copy_route_reason weighs it); where those copies would take under MIN_CALL_US, they stay
 # (the phased kernel's fewer stages cost more: 629 x 13020 x 174 ran 0.82 x cuBLAS phased,
 # NOTES v0.41).
-PHASED_KBLOCK_US = {"persistent": (0.16, 0.89), "split_k": (0.84, 0.51)}
+PHASED_KBLOCK_US = {"persistent": (0.26, 0.70), "split_k": (0.73, 0.45)}
 PHASED_CHUNKS_PER_ROW = TMA_BOX_ELEMS * ELEM_BYTES // 16
 PHASED_TILES = ((WGMMA_M, 128), (BLOCK_M, 64), (BLOCK_M, 128), (BLOCK_M, 192), (BLOCK_M, 256))
 PHASED_CUBLAS_MARGIN = 0.85
@@ -1258,8 +1258,9 @@ def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem:
     cfg = phased.config
     moved = (phased.schedule, cfg.block_m, cfg.block_n) != (sched, choice.config.block_m,
                                                              choice.config.block_n)
-    tile = (f" on {phased.schedule.name}'s {cfg.block_m}x{cfg.block_n} tiles (fewer waves of "
-            f"k-blocks)" if moved else "")
+    split = (f", K split {phased.splits} ways" if phased.schedule.split_k and phased.splits > 1
+             else " (fewer waves of k-blocks)")
+    tile = f" on {phased.schedule.name}'s {cfg.block_m}x{cfg.block_n} tiles{split}" if moved else ""
     which = phased_operands(cfg)
     rows = {"a": "A's rows", "b": "B's rows", "ab": "A's and B's rows"}[which]
     copied = [name for name, pitch in (("A", a_pitch_mod8), ("B", b_pitch_mod8))

@@ -145,34 +145,52 @@ __device__ __forceinline__ int fixup_index(int thread) {
 // is the tile's row 64 b + 8 q + j (A: an m row; B: a k row of its b-th 64 columns), its 64
 // elements starting phase_lead(j) in. A 16-byte chunk of the tile takes the two aligned
 // 16-byte vectors of the raw row around it, shifted down by the lead's bytes (shifted_v4),
-// and lands at its 128-byte-swizzled place. Eight consecutive threads take one row's eight
-// chunks, so each quarter-warp reads 144 contiguous bytes and writes one 128-byte row: no bank
-// conflicts. The writes are handed to the async proxy (wgmma) before each thread arrives on
-// the stage's full barrier.
+// and lands at its 128-byte-swizzled place. Thread t takes chunk t % 8 of every row of phase
+// t / 8, so its shift and its rows' swizzle are the same in every row (set once, no index
+// arithmetic in the loop: the loop is bound by its loads' latency, NOTES v0.42), each
+// quarter-warp reads 144 contiguous bytes of one raw row and writes one 128-byte tile row (no
+// bank conflicts). The writes are handed to the async proxy (wgmma) before each thread
+// arrives on the stage's full barrier.
 template <class Cfg>
 struct PhasedFixup {
     typedef TileShape<Cfg> S;
     static constexpr int kChunksPerRow = kSwizzleBytes / 16;
 
-    static_assert(S::kFixupThreads % kChunksPerRow == 0, "a row's chunks in one quarter-warp");
+    // Rows a fixup thread loads before it stores them: as many as its producer registers
+    // hold (four spilled in some pitch classes).
+    static constexpr int kBatch = 2;
+
+    static_assert(S::kFixupThreads == kChunksPerRow * kPhases, "a thread per chunk and phase");
+    static_assert(S::kPhaseRows % kBatch == 0, "whole batches of a block's rows");
     static_assert(S::kRawRowBytes % 16 == 0, "raw rows start on 16 bytes");
 
     // One operand's raw buffer `raw` of BLOCKS 64-row blocks into its tile, by fixup thread t.
     template <int BLOCKS, int PITCH_MOD8>
     __device__ __forceinline__ static void shift(u32 raw, u32 tile, int t) {
-        constexpr int kChunks = BLOCKS * kTmaBoxElems * kChunksPerRow;
-#pragma unroll 2
-        for (int i = t; i < kChunks; i += S::kFixupThreads) {
-            const int chunk = i % kChunksPerRow, raw_row = i / kChunksPerRow;
-            const int block = raw_row / kTmaBoxElems, in_block = raw_row % kTmaBoxElems;
-            const int j = in_block / S::kPhaseRows, q = in_block % S::kPhaseRows;
-            const u32 lead = TmaProducer<Cfg>::phase_lead(j, PITCH_MOD8) * kElemBytes;
-            const u32 at = raw + raw_row * S::kRawRowBytes + chunk * 16;   // raw rows: 16-aligned
-            const uint4 v = shifted_v4(ld_shared_v4(at), ld_shared_v4(at + 16), lead);
-            const int row = block * kTmaBoxElems + q * kPhases + j;   // of the tile
-            const u32 dst = tile + (row / 8) * (8 * kSwizzleBytes) + (row % 8) * kSwizzleBytes +
-                            ((chunk ^ (row % 8)) * 16);
-            st_shared_v4(dst, v.x, v.y, v.z, v.w);
+        const u32 chunk = t % kChunksPerRow, j = t / kChunksPerRow;
+        const u32 lead = TmaProducer<Cfg>::phase_lead(j, PITCH_MOD8) * kElemBytes;
+        // Raw row q of phase j of block b: box b * kPhases + j, row q. Its tile row 64 b + 8 q
+        // + j: swizzle row (b * kPhaseRows + q), row j within it.
+        const u32 src = raw + j * S::kRawBoxBytes + chunk * 16;
+        const u32 dst = tile + j * kSwizzleBytes + ((chunk ^ j) * 16);
+        // kBatch rows' loads are issued before their stores (a shared store is ordered
+        // before every later load), so their latencies overlap.
+#pragma unroll 1
+        for (int r0 = 0; r0 < BLOCKS * S::kPhaseRows; r0 += kBatch) {   // r = b * 8 + q
+            uint4 lo[kBatch], hi[kBatch];
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+                const int r = r0 + i;
+                const u32 at = src + (r / S::kPhaseRows) * kPhases * S::kRawBoxBytes +
+                               (r % S::kPhaseRows) * S::kRawRowBytes;
+                lo[i] = ld_shared_v4(at);
+                hi[i] = ld_shared_v4(at + 16);
+            }
+#pragma unroll
+            for (int i = 0; i < kBatch; ++i) {
+                const uint4 v = shifted_v4(lo[i], hi[i], lead);
+                st_shared_v4(dst + (r0 + i) * (8 * kSwizzleBytes), v.x, v.y, v.z, v.w);
+            }
         }
     }
 

@@ -130,9 +130,11 @@ struct TileShape {
     static_assert(!kPhasedB || Cfg::kTransB, "phased B: N-major B tiles");
     static_assert(!kPhased || (kClusterSize == 1 && kBOperands == 1),
                   "phased operands: one B, no multicast");
-    // The producer warpgroup's threads that shift raw stages into the tiles (all but warp 0,
-    // whose first thread issues the loads); each arrives on the stage's full barrier.
-    static constexpr int kFixupThreads = kPhased ? kWarpgroupThreads - 32 : 0;
+    // The producer warpgroup's threads that shift raw stages into the tiles, one per 16-byte
+    // chunk of a row and phase (PhasedFixup): its last two warps (warp 0's first thread
+    // issues the loads); each arrives on the stage's full barrier.
+    static constexpr int kFixupThreads = kPhased ? (kSwizzleBytes / 16) * kPhases : 0;
+    static_assert(kFixupThreads <= kWarpgroupThreads - 32, "warp 0 issues the loads");
     static constexpr int kBBoxes = kBlockN / kTmaBoxElems;
     static constexpr u32 kBBoxBytes = kTmaBoxElems * kBlockK * kElemBytes;
     // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
