@@ -131,7 +131,7 @@ def test_phased_b_with_either_a_and_batches(ta):
 
 @pytest.mark.parametrize("m,n,k,pitch,batch", [
     (26947, 40, 5815, 5815, ()),           # few columns: the 128 x 64 tile, A streamed
-    (6777, 105, 3539, 3539, ()),           # the 64 x 128 tile
+    (6777, 105, 3539, 3539, ()),           # 106 tiles: split over K
     (8000, 24, 2001, 2003, (2,)),          # a batch of A slices 16-byte multiples apart
 ])
 def test_the_heuristic_reads_unaligned_a_in_place(heuristic_choice, m, n, k, pitch, batch):
