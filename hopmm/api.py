@@ -169,7 +169,8 @@ def _phased_bytes(a, b, shapes: layout.MatmulShapes, dev: device_mod.DeviceInfo)
                                       problem, dev, _row_alignment(a, b, shapes))
     if phased is None:
         return 0
-    return a.nbytes * bool(phased.config.a_pitch_mod8) + b.nbytes * bool(phased.config.b_pitch_mod8)
+    cfg = phased.config
+    return a.nbytes * bool(cfg.a_pitch_mod8) + b.nbytes * bool(cfg.b_pitch_mod8)
 
 
 def _copied_problem(a, b, shapes: layout.MatmulShapes) -> Problem:

@@ -35,7 +35,7 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
                                                     const TensorMap* map_b2 = nullptr) {
     typedef TileShape<Cfg> S;
     setmaxnreg_dec<kProducerRegs>();
-    if constexpr (S::kPhased) {   // warps 1-3 shift phased raw stages into the tiles
+    if constexpr (S::kPhased) {   // warps 2-3 shift phased raw stages into the tiles
         if (is_fixup_thread<Cfg>(thread)) {
             int tiles = 0;
             for (int t = walk.first(); t < walk.end; t += walk.stride()) ++tiles;

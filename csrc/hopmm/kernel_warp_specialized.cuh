@@ -37,7 +37,7 @@ __device__ __forceinline__ void run_one_tile(const TensorMap* map_a, const Tenso
 
     if (warpgroup == 0) {
         setmaxnreg_dec<kProducerRegs>();
-        if constexpr (S::kPhased) {   // warps 1-3 shift phased raw stages into the tiles
+        if constexpr (S::kPhased) {   // warps 2-3 shift phased raw stages into the tiles
             if (is_fixup_thread<Cfg>(thread))
                 PhasedFixup<Cfg>::run(smem, fixup_index<Cfg>(thread), slice.count);
         }
