@@ -1123,7 +1123,7 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
 #
 # Its time: the most k-blocks one CTA loads (waves of tiles x k-blocks, or a split's slice of
 # them) x a k-block's time, which the shift sets: the raw stages pass through the producer
-# warpgroup's 96 spare threads before their wgmmas, so a k-block costs a base and a time per
+# warpgroup's spare warps before their wgmmas, so a k-block costs a base and a time per
 # 1024 16-byte chunks shifted (8 per row of each phased tile: A's block_m rows, B's block_n
 # columns' 64 k rows), whether the operands stream from DRAM or not, and never less than the
 # aligned product's own estimate. PHASED_KBLOCK_US: (base, per 1024 chunks), fitted to 131
