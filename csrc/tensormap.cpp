@@ -348,7 +348,7 @@ class KernelLaunch {
             }
         }
         n_params_ = map_templates.size();
-        if (n_params_ > kMaxMaps) {
+        if (n_params_ > kMaxMaps) {   // (each holds a map at least; add_map_slot bounds them)
             throw py::value_error("at most " + std::to_string(kMaxMaps) + " tensor maps");
         }
         for (size_t g = 0; g < n_params_; ++g) {
@@ -361,7 +361,7 @@ class KernelLaunch {
                 continue;
             }
             // A list of (byte offset, template): consecutive maps of one parameter (a phased
-            // A's PhasedTensorMaps), each at its offset from the one base address it is given.
+            // operand's PhasedTensorMaps), each at its offset from the one base address it is given.
             if (py::isinstance<py::list>(map_templates[g])) {
                 const py::list group = map_templates[g].cast<py::list>();
                 if (group.size() == 0) throw py::value_error("an empty group of map templates");

@@ -10,7 +10,8 @@ from .device import DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
-                        MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS,
+                        MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
+                        TMA_BOX_ELEMS,
                         WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
                         PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
@@ -1235,16 +1236,17 @@ def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem:
     if not getattr(sched, "phased_ok", False) or choice.tail is not None:
         return None
     all_copied = copy_us(_copied_bytes(problem, bool(a_pitch_mod8), bool(b_pitch_mod8)))
+    if all_copied < MIN_CALL_US:
+        return None
     options = _phased_options(choice, a_pitch_mod8, b_pitch_mod8, problem, device, keep_tile)
-    if not options or all_copied < MIN_CALL_US:
+    if not options:
         return None
     product_us = _choice_us(choice, problem, device)
 
     def total_us(option: Choice) -> float:
         """The option's k-blocks, at least its aligned product's estimate, and its copies."""
-        c = option.config
-        copy_a, copy_b = bool(a_pitch_mod8 and not c.a_pitch_mod8), bool(b_pitch_mod8 and
-                                                                            not c.b_pitch_mod8)
+        copy_a = bool(a_pitch_mod8 and not option.config.a_pitch_mod8)
+        copy_b = bool(b_pitch_mod8 and not option.config.b_pitch_mod8)
         copies = copy_us(_copied_bytes(problem, copy_a, copy_b)) + MIN_CALL_US * (copy_a + copy_b)
         aligned = _choice_us(option, problem, device)
         return max(phased_us(option, problem, device), aligned or product_us or 0.0) + copies
@@ -1260,7 +1262,8 @@ def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem:
                                                              choice.config.block_n)
     split = (f", K split {phased.splits} ways" if phased.schedule.split_k and phased.splits > 1
              else " (fewer waves of k-blocks)")
-    tile = f" on {phased.schedule.name}'s {cfg.block_m}x{cfg.block_n} tiles{split}" if moved else ""
+    tile = (f" on {phased.schedule.name}'s {cfg.block_m}x{cfg.block_n} tiles{split}" if moved
+            else "")
     which = phased_operands(cfg)
     rows = {"a": "A's rows", "b": "B's rows", "ab": "A's and B's rows"}[which]
     copied = [name for name, pitch in (("A", a_pitch_mod8), ("B", b_pitch_mod8))

@@ -8,9 +8,10 @@ from dataclasses import dataclass
 
 TMA_ALIGN = 16            # bytes: base address and every non-contiguous stride
 MAX_GRID_Z = 65535        # CUDA's limit on gridDim.z (the batch dimension of a launch)
-# A K-major A whose row pitch is no multiple of 16 bytes is read in place through PHASES
-# tensor maps of every eighth row: eight rows of 2-byte elements are a multiple of 16 bytes
-# apart for any pitch (KernelConfig.a_pitch_mod8; ptx.cuh's PhasedTensorMaps).
+# A K-major A or an N-major B whose row pitch is no multiple of 16 bytes is read in place
+# through PHASES tensor maps of every eighth row: eight rows of 2-byte elements are a multiple
+# of 16 bytes apart for any pitch (KernelConfig.a_pitch_mod8, b_pitch_mod8; ptx.cuh's
+# PhasedTensorMaps).
 PHASES = 8
 
 

@@ -147,9 +147,9 @@ __device__ __forceinline__ int fixup_index(int thread) {
 // 16-byte vectors of the raw row around it, shifted down by the lead's bytes (shifted_v4),
 // and lands at its 128-byte-swizzled place. Thread t takes chunk t % 8 of every row of phase
 // t / 8, so its shift and its rows' swizzle are the same in every row (set once: no index
-// arithmetic in the loop, NOTES v0.42), each quarter-warp reads 144 contiguous bytes of one raw row and writes one 128-byte tile row (no
-// bank conflicts). The writes are handed to the async proxy (wgmma) before each thread
-// arrives on the stage's full barrier.
+// arithmetic in the loop, NOTES v0.42), and each quarter-warp reads 144 contiguous bytes of
+// one raw row and writes one 128-byte tile row (no bank conflicts). The writes are handed to
+// the async proxy (wgmma) before each thread arrives on the stage's full barrier.
 template <class Cfg>
 struct PhasedFixup {
     typedef TileShape<Cfg> S;
