@@ -11,8 +11,7 @@ from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
                         MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
-                        TMA_BOX_ELEMS,
-                        WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
+                        TMA_BOX_ELEMS, WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
                         PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
                         SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule,
