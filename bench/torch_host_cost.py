@@ -6,9 +6,10 @@ cost dominates.
     python bench/torch_host_cost.py [--m M --n N --k K] [--calls C] [--dtype bf16|fp16]
 
 Prints, per contestant, the microseconds the host takes to issue one call (a batch of
---calls calls timed on the host clock, best of ROUNDS rounds, the GPU synchronised between
-rounds only). Issue 19's target for torch operands is 12 us, like a plain call, for plain
-and fused calls (here bias + relu, and a residual added in place) alike.
+--calls calls timed on the host clock, best of ROUNDS rounds, the contestants interleaved
+round by round so that a host that slows down or speeds up mid-run moves them all alike; the
+GPU synchronised between batches only). Issue 19's target for torch operands is 12 us, like a
+plain call, for plain and fused calls (here bias + relu, and a residual added in place) alike.
 """
 from __future__ import annotations
 
@@ -19,20 +20,26 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-ROUNDS = 5   # the best of a few rounds: the host's cost without scheduler noise
+# The best of many short batches: the host's cost without scheduler noise, and no batch long
+# enough to fill the launch queue (the GPU's time would then set the pace).
+ROUNDS = 40
 
 
-def issue_us(fn, calls: int, sync) -> float:
-    fn()   # compiled, loaded and remembered before the timing
+def issue_us(fns: list, calls: int, sync) -> list[float]:
+    """Microseconds per call of each of `fns`: the best of ROUNDS batches of `calls` calls,
+    the functions taking turns batch by batch."""
+    for fn in fns:
+        fn()   # compiled, loaded and remembered before the timing
     sync()
-    best = float("inf")
+    best = [float("inf")] * len(fns)
     for _ in range(ROUNDS):
-        start = time.perf_counter()
-        for _ in range(calls):
-            fn()
-        best = min(best, time.perf_counter() - start)
-        sync()
-    return best / calls * 1e6
+        for i, fn in enumerate(fns):
+            start = time.perf_counter()
+            for _ in range(calls):
+                fn()
+            best[i] = min(best[i], time.perf_counter() - start)
+            sync()
+    return [x / calls * 1e6 for x in best]
 
 
 def main(argv=None) -> int:
@@ -40,7 +47,7 @@ def main(argv=None) -> int:
     p.add_argument("--m", type=int, default=256)
     p.add_argument("--n", type=int, default=256)
     p.add_argument("--k", type=int, default=1024)
-    p.add_argument("--calls", type=int, default=2000)
+    p.add_argument("--calls", type=int, default=200)
     p.add_argument("--dtype", choices=("bf16", "fp16"), default="bf16")
     args = p.parse_args(argv)
     import torch
@@ -72,8 +79,8 @@ def main(argv=None) -> int:
             ("torch out.addmm_(a, b)", lambda: out.addmm_(a, b))]
     print(f"{args.m} x {args.n} x {args.k} {args.dtype}, {args.calls} calls per round, "
           f"best of {ROUNDS}")
-    for name, fn in rows:
-        print(f"{name:30s} {issue_us(fn, args.calls, sync):7.1f} us per call")
+    for (name, _), us in zip(rows, issue_us([fn for _, fn in rows], args.calls, sync)):
+        print(f"{name:30s} {us:7.1f} us per call")
     return 0
 
 

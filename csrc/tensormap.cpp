@@ -566,20 +566,42 @@ void zero_rows(uint64_t address, size_t pitch, size_t width, size_t rows, uint64
 using RelativeBounds = std::pair<int64_t, int64_t>;
 
 // The launches of a remembered call that reads A and B where the caller's arrays lie and stores
-// straight into the result: no aligned copies, no split-K workspace, so nothing but three base
+// straight into the result: no aligned copies, no split-K workspace, so nothing but the base
 // addresses changes from one repeat to the next. A cached call spent 2-3 us of host time (an
 // H100 machine's host, measured) in the Python around its launches: the check that out overlaps
 // neither operand, the loop over the launches and their calls into this module. run() does that
-// work in one call. The bounds are fixed by the shapes and strides, which the recipe's key
-// holds.
+// work in one call; run_fused() too for a fused epilogue's launches, which also take the bias
+// and c pointers. The bounds are fixed by the shapes and strides, which the recipe's key holds.
 class DirectRepeat {
   public:
-    static constexpr size_t kAddresses = 3;  // the maps of A, B and C, in that order
+    static constexpr size_t kAddresses = 3;          // the maps of A, B and C, in that order
+    static constexpr size_t kEpilogueOperands = 2;   // a fused epilogue's bias and c, after them
 
+    // `epilogue_bounds`: none for plain launches; for fused ones, bias's and c's bounds, None
+    // for one the kernel does not read (its address then goes as 0). `out_may_be`: the index
+    // of the epilogue operand out may be exactly (c of out's own layout: each CTA reads its
+    // tile's c before storing it), or -1.
     DirectRepeat(const py::sequence& launches, const RelativeBounds& a_bounds,
-                 const RelativeBounds& b_bounds, const std::optional<RelativeBounds>& out_bounds)
-        : a_(checked(a_bounds, "a_bounds")), b_(checked(b_bounds, "b_bounds")) {
+                 const RelativeBounds& b_bounds, const std::optional<RelativeBounds>& out_bounds,
+                 const std::vector<std::optional<RelativeBounds>>& epilogue_bounds,
+                 int out_may_be)
+        : a_(checked(a_bounds, "a_bounds")), b_(checked(b_bounds, "b_bounds")),
+          out_may_be_(out_may_be) {
         if (out_bounds) out_ = checked(*out_bounds, "out_bounds");
+        if (!epilogue_bounds.empty() && epilogue_bounds.size() != kEpilogueOperands) {
+            throw py::value_error("DirectRepeat: epilogue_bounds holds bias's and c's, got " +
+                                  std::to_string(epilogue_bounds.size()));
+        }
+        for (const auto& bounds : epilogue_bounds) {
+            epilogue_.push_back(bounds ? std::optional<RelativeBounds>(
+                                             checked(*bounds, "epilogue_bounds"))
+                                       : std::nullopt);
+        }
+        if (out_may_be < -1 || out_may_be >= static_cast<int>(epilogue_.size())) {
+            throw py::value_error("DirectRepeat: out_may_be = " + std::to_string(out_may_be) +
+                                  " names no epilogue operand");
+        }
+        const size_t addresses = kAddresses + epilogue_.size();
         if (launches.size() == 0) throw py::value_error("DirectRepeat: no launches");
         for (const py::handle item : launches) {
             if (!py::isinstance<KernelLaunch>(item)) {
@@ -587,10 +609,12 @@ class DirectRepeat {
                                      py::repr(item).cast<std::string>());
             }
             const auto* launch = item.cast<const KernelLaunch*>();
-            if (launch->maps() != kAddresses || launch->pointers() != 0) {
+            if (launch->maps() < kAddresses ||
+                launch->maps() + launch->pointers() != addresses) {
                 throw py::value_error(
-                    "DirectRepeat: each launch must take the maps of A, B and C only, got one "
-                    "of " + std::to_string(launch->maps()) + " maps and " +
+                    "DirectRepeat: each launch must take the maps of A, B and C" +
+                    std::string(epilogue_.empty() ? " only" : ", then bias and c") +
+                    ", got one of " + std::to_string(launch->maps()) + " maps and " +
                     std::to_string(launch->pointers()) + " pointers");
             }
             owners_.push_back(py::reinterpret_borrow<py::object>(item));
@@ -601,14 +625,37 @@ class DirectRepeat {
     // False, launching nothing, where out's bytes intersect A's or B's (the caller then takes
     // the full path); else every launch in order on `stream`, and True.
     bool run(uint64_t stream, uint64_t a_ptr, uint64_t b_ptr, uint64_t c_ptr) const {
-        if (out_) {
-            const Span c = span(c_ptr, *out_);
-            if (overlaps(c, span(a_ptr, a_)) || overlaps(c, span(b_ptr, b_))) return false;
+        if (!epilogue_.empty()) {
+            throw py::value_error("DirectRepeat: fused launches take bias and c: run_fused()");
         }
+        if (out_ && out_overlaps_operands(c_ptr, a_ptr, b_ptr)) return false;
         const uint64_t addresses[kAddresses] = {a_ptr, b_ptr, c_ptr};
-        for (const KernelLaunch* launch : launches_) {
-            launch->launch_raw(stream, addresses, kAddresses);
+        launch_all(stream, addresses, kAddresses);
+        return true;
+    }
+
+    // run() of fused launches: also False where out's bytes intersect bias's or c's (other than
+    // out being the operand out_may_be names, at the same address).
+    bool run_fused(uint64_t stream, uint64_t a_ptr, uint64_t b_ptr, uint64_t c_ptr,
+                   uint64_t bias_ptr, uint64_t c_in_ptr) const {
+        if (epilogue_.empty()) {
+            throw py::value_error("DirectRepeat: plain launches take no bias or c: run()");
         }
+        const uint64_t given[kEpilogueOperands] = {bias_ptr, c_in_ptr};
+        uint64_t addresses[kAddresses + kEpilogueOperands] = {a_ptr, b_ptr, c_ptr};
+        for (size_t i = 0; i < kEpilogueOperands; ++i) {
+            addresses[kAddresses + i] = epilogue_[i] ? given[i] : 0;
+        }
+        if (out_) {
+            if (out_overlaps_operands(c_ptr, a_ptr, b_ptr)) return false;
+            const Span out = span(c_ptr, *out_);
+            for (size_t i = 0; i < kEpilogueOperands; ++i) {
+                if (!epilogue_[i]) continue;
+                if (static_cast<int>(i) == out_may_be_ && given[i] == c_ptr) continue;
+                if (overlaps(out, span(given[i], *epilogue_[i]))) return false;
+            }
+        }
+        launch_all(stream, addresses, kAddresses + kEpilogueOperands);
         return true;
     }
 
@@ -640,8 +687,19 @@ class DirectRepeat {
         return b;
     }
 
+    bool out_overlaps_operands(uint64_t c_ptr, uint64_t a_ptr, uint64_t b_ptr) const {
+        const Span c = span(c_ptr, *out_);
+        return overlaps(c, span(a_ptr, a_)) || overlaps(c, span(b_ptr, b_));
+    }
+
+    void launch_all(uint64_t stream, const uint64_t* addresses, size_t n) const {
+        for (const KernelLaunch* launch : launches_) launch->launch_raw(stream, addresses, n);
+    }
+
     RelativeBounds a_, b_;
     std::optional<RelativeBounds> out_;
+    std::vector<std::optional<RelativeBounds>> epilogue_;
+    int out_may_be_;
     std::vector<py::object> owners_;  // keep the launches alive
     std::vector<const KernelLaunch*> launches_;
 };
@@ -708,12 +766,20 @@ PYBIND11_MODULE(_tensormap, m) {
                              "The launches of a call that reads A and B in place and stores "
                              "straight into C, repeated on new base addresses.")
         .def(py::init<const py::sequence&, const RelativeBounds&, const RelativeBounds&,
-                      const std::optional<RelativeBounds>&>(),
+                      const std::optional<RelativeBounds>&,
+                      const std::vector<std::optional<RelativeBounds>>&, int>(),
              py::arg("launches"), py::arg("a_bounds"), py::arg("b_bounds"),
-             py::arg("out_bounds"))
+             py::arg("out_bounds"),
+             py::arg("epilogue_bounds") = std::vector<std::optional<RelativeBounds>>{},
+             py::arg("out_may_be") = -1)
         .def("run", &DirectRepeat::run, py::arg("stream"), py::arg("a_ptr"), py::arg("b_ptr"),
              py::arg("c_ptr"),
              "Launches on (a_ptr, b_ptr, c_ptr) and returns True; returns False, launching "
              "nothing, where out's bounds at c_ptr intersect A's or B's.")
+        .def("run_fused", &DirectRepeat::run_fused, py::arg("stream"), py::arg("a_ptr"),
+             py::arg("b_ptr"), py::arg("c_ptr"), py::arg("bias_ptr"), py::arg("c_in_ptr"),
+             "run() of fused launches, which also take bias's and c's addresses (0 for one "
+             "not read); also False where out's bounds intersect bias's or c's, out being c "
+             "itself excepted.")
         .def_property_readonly("launches", &DirectRepeat::launches);
 }

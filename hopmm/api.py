@@ -292,11 +292,11 @@ def matmul(a, b, out=None, *, bias=None, activation=None, alpha=_ALPHA_DEFAULT,
     when a call raises."""
     if not (bias is None and c is None and activation is None and alpha is _ALPHA_DEFAULT
             and beta is _BETA_DEFAULT):
-        keywords = dict(bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
         # A torch tensor A goes to interop first: the cupy fast path would only decline it.
         if interop.is_tensor(a):
-            return interop.fused_tensors(matmul, a, b, out, keywords)
-        return _fused_matmul(a, b, out, keywords)
+            return interop.fused_tensors(matmul, a, b, out, bias, activation, alpha, beta, c)
+        return _fused_matmul(a, b, out, dict(bias=bias, activation=activation, alpha=alpha,
+                                             beta=beta, c=c))
     result, k = fastpath.repeat(a, b, out)
     if result is not None:
         return result
@@ -335,7 +335,7 @@ def _fused_matmul(a, b, out, keywords: dict):
     if result is not None:
         return result
     if k is None and interop.has_tensor((a, b, out, keywords["bias"], keywords["c"])):
-        return interop.fused_tensors(matmul, a, b, out, keywords)
+        return interop.fused_tensors(matmul, a, b, out, **keywords)
     p = plan(a, b, out, **keywords)
     ep = p.epilogue
     # No epilogue: keywords equal to the defaults but not them (alpha=1, beta=0.0 made
@@ -457,7 +457,7 @@ def _run_kernel(p: Plan, a, b, result, user_out: bool, recipe_key) -> None:
             and None not in copies.values()):
         fastpath.remember(recipe_key, fastpath.make_recipe(
             s.out_shape, result.dtype, launches, a, b, result if user_out else None, result,
-            copies.get("a"), copies.get("b"), c_buffer, fused=ep is not None), chosen_at)
+            copies.get("a"), copies.get("b"), c_buffer, ep), chosen_at)
 
 
 def _overlaps_operands(out, a, b) -> bool:

@@ -199,14 +199,6 @@ class Recipe:
     # The copies and the result buffer through hopmm's row-copy kernel, where it takes them.
     scratch: ScratchCopies | None = None
 
-    @property
-    def in_place(self) -> bool:
-        """Whether the launches read the caller's A and B and store into its result, all
-        plain launches (no copy, no aligned buffer, no per-stream workspace): a repeat then
-        needs nothing but the pointers."""
-        return (self.a_copy is None and self.b_copy is None and self.c_buffer is None
-                and all(isinstance(x, _tensormap.KernelLaunch) for x in self.launches))
-
     def run(self, a, b, out, *epilogue_ptrs):
         """The result, or None when this call must take the full path (out overlaps).
         `epilogue_ptrs`: a fused epilogue's bias and c pointers."""
@@ -264,6 +256,24 @@ class DirectRecipe:
         return None
 
 
+@dataclass(frozen=True)
+class FusedDirectRecipe:
+    """DirectRecipe of a call with a fused epilogue: its DirectRepeat also takes the bias and
+    c pointers, and checks out against them too (out may be c itself)."""
+    out_shape: tuple
+    dtype: object
+    repeat: object   # _tensormap.DirectRepeat with epilogue bounds
+
+    def run(self, a, b, out, bias_ptr: int, c_ptr: int):
+        """The result, or None when this call must take the full path (out overlaps)."""
+        cupy = _cupy or _bind_cupy()
+        result = cupy.empty(self.out_shape, dtype=self.dtype) if out is None else out
+        if self.repeat.run_fused(cupy.cuda.get_current_stream().ptr, a.data.ptr, b.data.ptr,
+                                 result.data.ptr, bias_ptr, c_ptr):
+            return result
+        return None
+
+
 # HOPMM_STRICT=1: a call that would fall back to cupy.matmul raises (api.FallbackError).
 STRICT_ENV = "HOPMM_STRICT"
 
@@ -297,20 +307,33 @@ def relative_bounds(x) -> tuple[int, int]:
 
 def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out, result,
                 a_copy: OperandCopy | None = None, b_copy: OperandCopy | None = None,
-                c_buffer: tuple | None = None, fused: bool = False) -> Recipe | DirectRecipe:
+                c_buffer: tuple | None = None, epilogue=None):
     """The recipe repeating a call of operands a, b (and the caller's out, or None) into
     `result` (out, or the array made for it) whose launches read `a_copy`/`b_copy` of them
-    and stored through `c_buffer` where not None; `fused`: the launches also take a fused
-    epilogue's pointers (never a DirectRecipe)."""
+    and stored through `c_buffer` where not None; `epilogue`: the call's FusedEpilogue (its
+    launches also take bias's and c's pointers), or None. A Recipe, or a DirectRecipe
+    (FusedDirectRecipe) where the launches read and store in place."""
     a_bounds, b_bounds = relative_bounds(a), relative_bounds(b)
     out_bounds = None if out is None else relative_bounds(out)
     # Split-K's WorkspaceLaunch looks up its stream's workspace in Python: not direct.
     plain = all(isinstance(x, _tensormap.KernelLaunch) for x in launches)
-    if plain and not fused and a_copy is None and b_copy is None and c_buffer is None:
-        return DirectRecipe(out_shape, dtype,
-                            _tensormap.DirectRepeat(launches, a_bounds, b_bounds, out_bounds))
+    if plain and a_copy is None and b_copy is None and c_buffer is None:
+        if epilogue is None:
+            return DirectRecipe(out_shape, dtype, _tensormap.DirectRepeat(
+                launches, a_bounds, b_bounds, out_bounds))
+        bias, c = epilogue.bias, epilogue.c   # c: None where beta = 0 (not read)
+        out_may_be_c = (out is not None and c is not None and out.shape == c.shape
+                        and out.strides == c.strides)
+        return FusedDirectRecipe(out_shape, dtype, _tensormap.DirectRepeat(
+            launches, a_bounds, b_bounds, out_bounds,
+            [None if x is None else relative_bounds(x) for x in (bias, c)],
+            EPILOGUE_C if out_may_be_c else -1))
     return Recipe(out_shape, dtype, launches, a_bounds, b_bounds, a_copy, b_copy, c_buffer,
                   out_bounds, scratch_copies(result, a_copy, b_copy, c_buffer))
+
+
+# The index of c among a fused launch's epilogue pointers (bias, c).
+EPILOGUE_C = 1
 
 
 _recipes: dict = {}
@@ -381,7 +404,8 @@ def fused_key(a, b, out, keywords: dict):
         return None
     k = ("fused", a.shape, a.strides, a.dtype, a.data.ptr % TMA_ALIGN == 0,
          b.shape, b.strides, b.dtype, b.data.ptr % TMA_ALIGN == 0, device,
-         *keywords_key(keywords, bias_key, c_key))
+         *keywords_key(keywords["activation"], keywords["alpha"], keywords["beta"], bias_key,
+                       c_key))
     if out is not None:
         if type(out) is not ndarray or out.data.device_id != device:
             return None
@@ -393,10 +417,9 @@ def fused_key(a, b, out, keywords: dict):
     return k
 
 
-def keywords_key(keywords: dict, bias_key, c_key) -> tuple:
+def keywords_key(activation, alpha, beta, bias_key, c_key) -> tuple:
     """The part of a fused call's key its epilogue keywords make: each scalar keyword's type
     and value, and the keys of bias and c (their shapes, strides and dtypes, or None)."""
-    alpha, beta, activation = keywords["alpha"], keywords["beta"], keywords["activation"]
     return (type(activation), activation, type(alpha), alpha, type(beta), beta, bias_key,
             c_key)
 
@@ -412,11 +435,13 @@ def repeat_fused(a, b, out, keywords: dict):
     if recipe is None:
         return None, k
     bias, c = keywords["bias"], keywords["c"]
+    bias_ptr = 0 if bias is None else bias.data.ptr
+    if type(recipe) is FusedDirectRecipe:   # checks out against bias and c itself
+        return recipe.run(a, b, out, bias_ptr, 0 if c is None else c.data.ptr), k
     c_read = c if keywords["beta"] != 0 else None  # beta = 0: c is not read
     if out is not None and _overlaps_epilogue(out, bias, c_read):
         return None, None
-    return recipe.run(a, b, out, 0 if bias is None else bias.data.ptr,
-                      0 if c_read is None else c_read.data.ptr), k
+    return recipe.run(a, b, out, bias_ptr, 0 if c_read is None else c_read.data.ptr), k
 
 
 def _overlaps_epilogue(out, bias, c) -> bool:

@@ -25,7 +25,7 @@ import functools
 import sys
 
 from . import fastpath
-from .layout import TMA_ALIGN, byte_bounds, overlaps
+from .layout import TMA_ALIGN
 
 # cupy ExternalStream wrappers kept per (device, stream pointer): a process uses a handful of
 # torch streams, and a wrapper costs a few microseconds to make. Past this many the cache is
@@ -33,7 +33,7 @@ from .layout import TMA_ALIGN, byte_bounds, overlaps
 MAX_STREAMS = 64
 _streams: dict = {}
 # Torch calls that repeat through direct launches: _tensor_key -> fastpath.DirectRecipe (or
-# _fused_tensor_key -> fastpath.Recipe).
+# _fused_tensor_key -> fastpath.FusedDirectRecipe).
 _direct = fastpath.Remembered(fastpath.MAX_RECIPES)
 # Where the device index sits in _tensor_key's tuple, and in _fused_tensor_key's ("fused"
 # first).
@@ -104,47 +104,51 @@ def matmul_tensors(matmul, a, b, out):
     return call_with_tensors(matmul, (a, b, out), {}, after=remember)
 
 
-def fused_tensors(matmul, a, b, out, keywords: dict):
+def fused_tensors(matmul, a, b, out, bias, activation, alpha, beta, c):
     """hopmm.matmul with epilogue keywords and torch tensors: a repeat of a call whose plain
     launches read the tensors in place and stored into the result goes straight to them
     (_direct_fused_repeat); any other call is converted through DLPack (call_with_tensors),
-    and remembered where it can so repeat."""
-    result = _direct_fused_repeat(a, b, out, keywords)
+    and remembered where it can so repeat. The keywords come one by one: a repeat makes no
+    dict of them."""
+    result = _direct_fused_repeat(a, b, out, bias, activation, alpha, beta, c)
     if result is not None:
         return result
 
     def remember(cupy_args, cupy_kwargs, cupy_result):
         k = fastpath.fused_key(*cupy_args, cupy_kwargs)
         recipe = None if k is None else fastpath.lookup(k)
-        if isinstance(recipe, fastpath.Recipe) and recipe.in_place:
+        if isinstance(recipe, fastpath.FusedDirectRecipe):
             try:
-                _direct.put(_fused_tensor_key(a, b, out, keywords), recipe)
+                _direct.put(_fused_tensor_key(a, b, out, bias, activation, alpha, beta, c),
+                            recipe)
             except TypeError:   # an unhashable keyword: such calls are never remembered
                 pass
 
+    keywords = dict(bias=bias, activation=activation, alpha=alpha, beta=beta, c=c)
     return call_with_tensors(matmul, (a, b, out), keywords, after=remember)
 
 
-def _fused_tensor_key(a, b, out, keywords: dict):
+def _fused_tensor_key(a, b, out, bias, activation, alpha, beta, c):
     """_tensor_key for a call with epilogue keywords: every keyword's type and value, and
-    bias's and c's shapes, strides and dtypes (fastpath.fused_key's parts); None where such a
-    call is not repeated directly (a bias or c that is not a CUDA tensor of the operands'
-    device, one requiring grad, an unhashable keyword)."""
+    bias's and c's shapes, strides and dtypes (fastpath.keywords_key); None where such a call
+    is not repeated directly (a bias or c that is not a CUDA tensor of the operands' device,
+    one requiring grad, an unhashable keyword)."""
     k = _tensor_key(a, b, out)
     if k is None:
         return None
     tensor, device = sys.modules["torch"].Tensor, k[TENSOR_KEY_DEVICE]
-    operands = []
-    for x in (keywords["bias"], keywords["c"]):
-        if x is None:
-            operands.append(None)
-            continue
-        if type(x) is not tensor or x.requires_grad or x.get_device() != device:
+    bias_key = c_key = None
+    if bias is not None:
+        if type(bias) is not tensor or bias.requires_grad or bias.get_device() != device:
             return None
-        operands.append((x.shape, x.stride(), x.dtype))
+        bias_key = (bias.shape, bias.stride(), bias.dtype)
+    if c is not None:
+        if type(c) is not tensor or c.requires_grad or c.get_device() != device:
+            return None
+        c_key = (c.shape, c.stride(), c.dtype)
     # Not hashed here: the lookup (_remembered_fused) hashes it once, and takes an
     # unhashable keyword's TypeError as "not remembered".
-    return ("fused",) + k + fastpath.keywords_key(keywords, *operands)
+    return ("fused", *k, *fastpath.keywords_key(activation, alpha, beta, bias_key, c_key))
 
 
 def _remembered_fused(k):
@@ -156,49 +160,32 @@ def _remembered_fused(k):
         return None
 
 
-def _byte_bounds(x) -> tuple[int, int]:
-    """The bytes a tensor's elements span (layout.byte_bounds of its pointer and strides); a
-    contiguous tensor's without arithmetic on its strides."""
-    ptr, size = x.data_ptr(), x.element_size()
-    if x.is_contiguous():
-        return ptr, ptr + x.numel() * size
-    return byte_bounds(ptr, tuple(x.shape), tuple(s * size for s in x.stride()), size)
-
-
 def _empty(torch, shape, dtype, device: int):
     """A new CUDA tensor on device `device`. The index stands for the device (torch reads an
     ordinal as one of the current accelerator's): making the a.device object costs about as
-    much as the rest of a direct repeat's checks."""
-    return torch.empty(shape, dtype=dtype, device=device)
+    much as the rest of a direct repeat's checks. The sizes go one by one: torch parses a
+    tuple of them about 1 us slower (an H100 host, NOTES v0.46)."""
+    if not shape:
+        return torch.empty((), dtype=dtype, device=device)
+    return torch.empty(*shape, dtype=dtype, device=device)
 
 
-def _direct_fused_repeat(a, b, out, keywords: dict):
-    """The result of a fused repeat through its remembered launches, on the current torch
-    stream, with the new bias and c pointers; None where the call takes the full path (no
-    recipe, or an out that overlaps A, B, bias or c other than being c itself)."""
-    k = _fused_tensor_key(a, b, out, keywords)
+def _direct_fused_repeat(a, b, out, bias, activation, alpha, beta, c):
+    """The result of a fused repeat through its remembered launches (its DirectRepeat), on
+    the current torch stream, with the new bias and c pointers; None where the call takes the
+    full path (no recipe, or an out that overlaps A, B, bias or c other than being c)."""
+    k = _fused_tensor_key(a, b, out, bias, activation, alpha, beta, c)
     recipe = _remembered_fused(k)
     if recipe is None:
         return None
-    bias, c = keywords["bias"], keywords["c"]
-    c_read = c if keywords["beta"] != 0 else None   # beta = 0: c is not read
-    if out is not None:
-        o = _byte_bounds(out)
-        same_as_c = (c_read is not None and out.data_ptr() == c_read.data_ptr()
-                     and out.shape == c_read.shape and out.stride() == c_read.stride())
-        for x in (a, b, bias, None if same_as_c else c_read):
-            if x is not None and overlaps(o, _byte_bounds(x)):
-                return None
     torch = sys.modules["torch"]
     device = k[FUSED_KEY_DEVICE]
     result = out if out is not None else _empty(torch, recipe.out_shape, a.dtype, device)
-    stream = _raw_stream(torch, device)
-    pointers = (a.data_ptr(), b.data_ptr(), result.data_ptr(),
-                0 if bias is None else bias.data_ptr(),
-                0 if c_read is None else c_read.data_ptr())
-    for kernel_launch in recipe.launches:
-        kernel_launch.launch(stream, *pointers)
-    return result
+    if recipe.repeat.run_fused(_raw_stream(torch, device), a.data_ptr(), b.data_ptr(),
+                               result.data_ptr(), 0 if bias is None else bias.data_ptr(),
+                               0 if c is None else c.data_ptr()):
+        return result
+    return None
 
 
 def _tensor_key(a, b, out):

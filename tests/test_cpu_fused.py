@@ -14,7 +14,8 @@ from hopmm import api, compile as compiler, epilogue, sass
 from hopmm.device import H100_SXM
 from hopmm.epilogue import ACTIVATIONS, EpilogueSpec
 from hopmm.schedules import SCHEDULES, PersistentSchedule
-from test_cpu_simulated_launch import BF16, FakeArray, SimulatedLaunch, fake, rand, simulated_gpu  # noqa: F401
+from test_cpu_simulated_launch import (BF16, FakeArray, SimulatedDirectRepeat,  # noqa: F401
+                                       SimulatedLaunch, fake, rand, simulated_gpu)
 
 FULLEST = EpilogueSpec("gelu_tanh", bias=True, c=True)
 
@@ -286,6 +287,27 @@ def test_repeats_reuse_launches_with_new_bias_and_c(simulated_gpu, monkeypatch):
     _close(hopmm.matmul(a, b, **kw), _reference(a, b, **kw))
     _close(hopmm.matmul(a, b), _reference(a, b))
     assert len(planned) == 3
+
+
+def test_fused_repeats_run_in_one_direct_call_and_decline_overlaps(simulated_gpu):
+    """A repeat of a fused call that read and stored in place is one DirectRepeat run with
+    the new bias and c: out may be c itself, while an out over the new bias is declined and
+    the full path computes from a copy of it."""
+    a, b = rand((64, 64)), rand((64, 80))
+    for _ in range(3):   # out is c itself: planned once, then two direct repeats
+        c = rand((64, 80))
+        kw = dict(bias=rand((80,)), c=c, beta=1.0, activation="relu")
+        ref = _reference(a, b, **kw)
+        assert hopmm.matmul(a, b, out=c, **kw) is c
+        _close(c, ref)
+    assert SimulatedDirectRepeat.calls == [True, True]
+    big = rand((65, 80))
+    out, bias = big[1:], big[10]   # the key's layouts, bias within out's bytes
+    kw = dict(bias=bias, c=rand((64, 80)), beta=1.0, activation="relu")
+    ref = _reference(a, b, **{**kw, "bias": fake(np.array(bias))})
+    hopmm.matmul(a, b, out=out, **kw)
+    _close(out, ref)
+    assert SimulatedDirectRepeat.calls == [True, True, False]
 
 
 def test_beta_zero_ignores_c_and_runs_the_plain_kernel(simulated_gpu):

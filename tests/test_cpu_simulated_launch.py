@@ -511,24 +511,46 @@ class SimulatedDirectRepeat:
 
     calls = []
 
-    def __init__(self, launches, a_bounds, b_bounds, out_bounds):
-        assert launches and all(type(x) is SimulatedLaunch and len(x.templates) == 3
-                                and x.pointers == 0 for x in launches)
+    def __init__(self, launches, a_bounds, b_bounds, out_bounds, epilogue_bounds=(),
+                 out_may_be=-1):
+        assert len(epilogue_bounds) in (0, 2) and -1 <= out_may_be < len(epilogue_bounds)
+        addresses = 3 + len(epilogue_bounds)
+        assert launches and all(type(x) is SimulatedLaunch and len(x.templates) >= 3
+                                and len(x.templates) + x.pointers == addresses
+                                for x in launches)
         self.launches = tuple(launches)
         self.bounds = a_bounds, b_bounds, out_bounds
+        self.epilogue_bounds, self.out_may_be = tuple(epilogue_bounds), out_may_be
+
+    def _declines(self, out_ptr, a_ptr, b_ptr, epilogue_ptrs=()) -> bool:
+        (a_lo, a_hi), (b_lo, b_hi), out_bounds = self.bounds
+        if out_bounds is None:
+            return False
+        out = (out_ptr + out_bounds[0], out_ptr + out_bounds[1])
+        spans = [(a_ptr + a_lo, a_ptr + a_hi), (b_ptr + b_lo, b_ptr + b_hi)]
+        for i, (ptr, bounds) in enumerate(zip(epilogue_ptrs, self.epilogue_bounds)):
+            if bounds is not None and not (i == self.out_may_be and ptr == out_ptr):
+                spans.append((ptr + bounds[0], ptr + bounds[1]))
+        return any(layout.overlaps(out, span) for span in spans)
+
+    def _run(self, stream, addresses, declined) -> bool:
+        SimulatedDirectRepeat.calls.append(not declined)
+        if declined:
+            return False
+        for x in self.launches:
+            x.launch(stream, *addresses)
+        return True
 
     def run(self, stream, a_ptr, b_ptr, c_ptr):
-        (a_lo, a_hi), (b_lo, b_hi), out_bounds = self.bounds
-        if out_bounds is not None:
-            c = (c_ptr + out_bounds[0], c_ptr + out_bounds[1])
-            if (layout.overlaps(c, (a_ptr + a_lo, a_ptr + a_hi))
-                    or layout.overlaps(c, (b_ptr + b_lo, b_ptr + b_hi))):
-                SimulatedDirectRepeat.calls.append(False)
-                return False
-        for x in self.launches:
-            x.launch(stream, a_ptr, b_ptr, c_ptr)
-        SimulatedDirectRepeat.calls.append(True)
-        return True
+        assert not self.epilogue_bounds, "fused launches repeat through run_fused"
+        return self._run(stream, (a_ptr, b_ptr, c_ptr), self._declines(c_ptr, a_ptr, b_ptr))
+
+    def run_fused(self, stream, a_ptr, b_ptr, c_ptr, bias_ptr, c_in_ptr):
+        assert self.epilogue_bounds, "plain launches repeat through run"
+        ptrs = tuple(0 if bounds is None else ptr
+                     for ptr, bounds in zip((bias_ptr, c_in_ptr), self.epilogue_bounds))
+        return self._run(stream, (a_ptr, b_ptr, c_ptr, *ptrs),
+                         self._declines(c_ptr, a_ptr, b_ptr, ptrs))
 
 
 def _forget_cupy_objects():

@@ -213,6 +213,21 @@ def test_repeats_launch_without_dlpack(dtype, monkeypatch):
         check(out, a, b, dtype)
 
 
+@pytest.mark.parametrize("a_shape,b_shape", [((256,), (256, 320)), ((384, 256), (256,)),
+                                              ((256,), (256,)), ((2, 64, 256), (256, 320))])
+def test_repeats_keep_vector_and_batch_shapes(a_shape, b_shape):
+    """A repeat makes its new result of the recipe's shape (the sizes one by one, or none for
+    a vector times a vector), with new operand values each time."""
+    import hopmm
+
+    a, b = rand(a_shape, "bfloat16"), rand(b_shape, "bfloat16")
+    for _ in range(3):
+        a.copy_(rand(a_shape, "bfloat16"))
+        got = hopmm.matmul(a, b)
+        assert isinstance(got, torch.Tensor) and got.shape == torch.matmul(a, b).shape
+        check(got, a, b, "bfloat16")
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_fused_repeats_launch_without_dlpack_on_a_side_stream(dtype, monkeypatch):
     """A repeat of a fused call that read and wrote in place runs its remembered launches

@@ -633,3 +633,80 @@ def test_direct_repeat_without_out_bounds_always_launches():
     """A new result overlaps nothing: a recipe of calls without out checks nothing."""
     with pytest.raises(RuntimeError, match="driver"):
         make_direct(out_bounds=None).run(0, A, B, A)
+
+
+# ---- DirectRepeat of fused launches: bias and c after A, B and C ----------------------------
+# Bias's bounds (0, 64) and c's (0, 128), c of out's layout: out's [c, c + 128) against them.
+BIAS, C_IN = 0x40000, 0x50000
+
+
+def make_fused_direct(epilogue_bounds=((0, 64), (0, 128)), out_may_be=1, out_bounds=(0, 128),
+                      launches=None):
+    if launches is None:
+        launches = [make_launch(map_templates=[GOOD_TEMPLATE] * 3, pointers=2)]
+    return _tensormap.DirectRepeat(launches, (0, 256), (-64, 192), out_bounds,
+                                   list(epilogue_bounds), out_may_be)
+
+
+@pytest.mark.parametrize("kw,error,match", [
+    (dict(epilogue_bounds=((0, 64),)), ValueError, "bias's and c's, got 1"),
+    (dict(epilogue_bounds=((0, 64), (9, 8))), ValueError, r"epilogue_bounds = \(9, 8\)"),
+    (dict(out_may_be=2), ValueError, "out_may_be = 2 names no epilogue operand"),
+    (dict(launches=[make_launch(map_templates=[GOOD_TEMPLATE] * 3)]), ValueError,
+     "maps of A, B and C, then bias and c, got one of 3 maps and 0 pointers"),
+    (dict(launches=[make_launch(map_templates=[GOOD_TEMPLATE] * 2, pointers=3)]), ValueError,
+     "got one of 2 maps and 3 pointers"),
+], ids=["one_operand", "inverted_bounds", "out_may_be_past", "plain_launch", "two_maps"])
+def test_fused_direct_repeat_rejects_bad_construction(kw, error, match):
+    with pytest.raises(error, match=match):
+        make_fused_direct(**kw)
+
+
+def test_direct_repeat_runs_only_its_own_kind():
+    """Plain launches take three addresses and fused ones five: each run names the other."""
+    with pytest.raises(ValueError, match="run_fused"):
+        make_fused_direct().run(0, A, B, 0x30000)
+    with pytest.raises(ValueError, match=r"run\(\)"):
+        make_direct().run_fused(0, A, B, 0x30000, BIAS, C_IN)
+
+
+def test_fused_direct_repeat_takes_a_c_map():
+    """c read through TMA: four maps and the bias pointer make the same five addresses."""
+    make_fused_direct(launches=[make_launch(map_templates=[GOOD_TEMPLATE] * 4, pointers=1)])
+
+
+# (out, bias, c, out_may_be, epilogue_bounds) -> whether out's bytes [out, out + 128) clash.
+FUSED_PLACEMENTS = {
+    "apart": (0x30000, BIAS, C_IN, 1, ((0, 64), (0, 128)), False),
+    "out_is_c": (C_IN, BIAS, C_IN, 1, ((0, 64), (0, 128)), False),
+    "out_is_c_of_another_layout": (C_IN, BIAS, C_IN, -1, ((0, 64), (0, 128)), True),
+    "out_straddles_c": (C_IN + 64, BIAS, C_IN, 1, ((0, 64), (0, 128)), True),
+    "out_covers_bias": (BIAS - 64, BIAS, C_IN, 1, ((0, 64), (0, 128)), True),
+    "out_just_below_bias": (BIAS - 128, BIAS, C_IN, 1, ((0, 64), (0, 128)), False),
+    "out_is_bias_when_bias_is_c": (BIAS, BIAS, BIAS, 1, ((0, 64), (0, 128)), True),
+    "c_not_read": (C_IN + 64, BIAS, C_IN, -1, ((0, 64), None), False),
+    "no_bias": (BIAS, BIAS, C_IN, 1, (None, (0, 128)), False),
+    "out_over_a": (A + 8, BIAS, C_IN, 1, ((0, 64), (0, 128)), True),
+}
+
+
+@pytest.mark.parametrize("placement", FUSED_PLACEMENTS, ids=list(FUSED_PLACEMENTS))
+def test_fused_direct_repeat_declines_exactly_the_overlaps(placement):
+    """An out sharing a byte with A, B, bias or a c read (other than being c of its own
+    layout) is declined before the driver is asked for anything; operands not read are not
+    checked; everything else is launched (without a driver: KernelLaunch.launch's error)."""
+    out, bias, c, out_may_be, bounds, clash = FUSED_PLACEMENTS[placement]
+    direct = make_fused_direct(bounds, out_may_be)
+    if clash:
+        assert direct.run_fused(0, A, B, out, bias, c) is False
+        return
+    if _tensormap.driver_available():
+        pytest.skip("a CUDA driver is present: the stand-in kernel is never launched")
+    with pytest.raises(RuntimeError, match="CUDA driver"):
+        direct.run_fused(0, A, B, out, bias, c)
+
+
+@pytest.mark.skipif(_tensormap.driver_available(), reason="a CUDA driver is present")
+def test_fused_direct_repeat_without_out_bounds_always_launches():
+    with pytest.raises(RuntimeError, match="driver"):
+        make_fused_direct(out_bounds=None, out_may_be=-1).run_fused(0, A, B, BIAS, BIAS, C_IN)

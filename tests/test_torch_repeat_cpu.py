@@ -69,7 +69,9 @@ def torch_on_simulated_gpu(simulated_gpu, monkeypatch):
     fake_torch = types.ModuleType("torch")
     fake_torch.Tensor = FakeTensor
     fake_torch.is_grad_enabled = lambda: True
-    fake_torch.empty = lambda shape, dtype=None, device=None: FakeTensor(np.empty(shape, dtype))
+    # torch.empty's two forms: the sizes one by one, or one tuple of them.
+    fake_torch.empty = lambda *size, dtype=None, device=None: FakeTensor(np.empty(
+        size[0] if len(size) == 1 and isinstance(size[0], tuple) else size, dtype))
     fake_torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda device: 0)
     monkeypatch.setitem(sys.modules, "torch", fake_torch)
     cupy = sys.modules["cupy"]
@@ -206,7 +208,7 @@ def test_keys_hold_the_device_where_the_repeat_reads_it(torch_on_simulated_gpu):
     k = interop._tensor_key(a, b, None)
     assert k[interop.TENSOR_KEY_DEVICE] == a.get_device() == 0
     kw = dict(bias=tensor((8,)), c=None, activation="relu", alpha=1.0, beta=0.0)
-    fused = interop._fused_tensor_key(a, b, None, kw)
+    fused = interop._fused_tensor_key(a, b, None, **kw)
     assert fused[0] == "fused" and fused[interop.FUSED_KEY_DEVICE] == 0
     assert fused[1:len(k) + 1] == k
 
