@@ -9,7 +9,8 @@ Prints, per contestant, the microseconds the host takes to issue one call (a bat
 --calls calls timed on the host clock, best of ROUNDS rounds, the contestants interleaved
 round by round so that a host that slows down or speeds up mid-run moves them all alike; the
 GPU synchronised between batches only). Issue 19's target for torch operands is 12 us, like a
-plain call, for plain and fused calls (here bias + relu, and a residual added in place) alike.
+plain call, for plain and fused calls (here bias + relu, and a residual added in place) alike;
+the last two rows read a weight and bias that are Parameters, under no_grad, as a model's are.
 """
 from __future__ import annotations
 
@@ -77,6 +78,21 @@ def main(argv=None) -> int:
             ("torch relu(addmm)", lambda: F.relu(torch.addmm(bias, a, b))),
             ("hopmm out += a @ b, torch", lambda: hopmm.matmul(a, b, c=out, beta=1.0, out=out)),
             ("torch out.addmm_(a, b)", lambda: out.addmm_(a, b))]
+    # A model's weight and bias are Parameters (they require grad): read under no_grad, each
+    # call of both contestants entering it.
+    wp, bp = torch.nn.Parameter(b.clone()), torch.nn.Parameter(bias.clone())
+    no_grad = torch.no_grad()
+
+    def under_no_grad(fn):
+        def call():
+            with no_grad:
+                return fn()
+        return call
+
+    rows += [("hopmm bias+relu, Parameters", under_no_grad(
+                 lambda: hopmm.matmul(a, wp, bias=bp, activation="relu"))),
+             ("torch relu(addmm), Parameters", under_no_grad(
+                 lambda: F.relu(torch.addmm(bp, a, wp))))]
     print(f"{args.m} x {args.n} x {args.k} {args.dtype}, {args.calls} calls per round, "
           f"best of {ROUNDS}")
     for (name, _), us in zip(rows, issue_us([fn for _, fn in rows], args.calls, sync)):

@@ -18,6 +18,9 @@ Decisions:
 - A tensor that requires grad while grad mode is on is refused (ValueError): hopmm has no
   backward, and a result silently cut from the autograd graph would train wrong. Under
   `torch.no_grad()` or `torch.inference_mode()` such tensors are read through `.detach()`.
+- A repeated call reads torch.Tensor and torch.nn.Parameter operands (a model's weights and
+  biases) straight through their pointers (_direct_repeat); other Tensor subclasses, which may
+  dispatch elsewhere, are converted through DLPack on every call.
 """
 from __future__ import annotations
 
@@ -131,19 +134,20 @@ def fused_tensors(matmul, a, b, out, bias, activation, alpha, beta, c):
 def _fused_tensor_key(a, b, out, bias, activation, alpha, beta, c):
     """_tensor_key for a call with epilogue keywords: every keyword's type and value, and
     bias's and c's shapes, strides and dtypes (fastpath.keywords_key); None where such a call
-    is not repeated directly (a bias or c that is not a CUDA tensor of the operands' device,
-    one requiring grad, an unhashable keyword)."""
+    is not repeated directly (a bias or c that _direct_operand declines, an unhashable
+    keyword)."""
     k = _tensor_key(a, b, out)
     if k is None:
         return None
-    tensor, device = sys.modules["torch"].Tensor, k[TENSOR_KEY_DEVICE]
+    torch, device = sys.modules["torch"], k[TENSOR_KEY_DEVICE]
+    direct = _direct_types(torch)
     bias_key = c_key = None
     if bias is not None:
-        if type(bias) is not tensor or bias.requires_grad or bias.get_device() != device:
+        if not _direct_operand(bias, torch, direct, device):
             return None
         bias_key = (bias.shape, bias.stride(), bias.dtype)
     if c is not None:
-        if type(c) is not tensor or c.requires_grad or c.get_device() != device:
+        if not _direct_operand(c, torch, direct, device):
             return None
         c_key = (c.shape, c.stride(), c.dtype)
     # Not hashed here: the lookup (_remembered_fused) hashes it once, and takes an
@@ -190,23 +194,48 @@ def _direct_fused_repeat(a, b, out, bias, activation, alpha, beta, c):
 
 def _tensor_key(a, b, out):
     """What fastpath.key holds, of torch tensors on the current device (None otherwise): a
-    tensor's strides in elements stand for cupy's in bytes, since the dtype is in the key."""
+    tensor's strides in elements stand for cupy's in bytes, since the dtype is in the key.
+    None too for a tensor requiring grad while grad mode is on, which call_with_tensors
+    refuses (under no_grad it reads the same memory, detached)."""
     torch = sys.modules["torch"]
-    tensor = torch.Tensor
-    if type(a) is not tensor or type(b) is not tensor:
+    direct = _direct_types(torch)
+    if type(a) not in direct or type(b) not in direct:
         return None
-    if a.requires_grad or b.requires_grad:
-        return None   # call_with_tensors refuses or detaches them
+    if (a.requires_grad or b.requires_grad) and torch.is_grad_enabled():
+        return None
     device = a.get_device()
     if device < 0 or b.get_device() != device or device != _current_device():
         return None
     k = (a.shape, a.stride(), a.dtype, a.data_ptr() % TMA_ALIGN == 0,
          b.shape, b.stride(), b.dtype, b.data_ptr() % TMA_ALIGN == 0, device)
     if out is not None:
-        if type(out) is not tensor or out.requires_grad or out.get_device() != device:
+        if not _direct_operand(out, torch, direct, device):
             return None
         k += (out.shape, out.stride(), out.dtype, out.data_ptr() % TMA_ALIGN == 0)
     return k
+
+
+def _direct_operand(x, torch, direct: tuple, device: int) -> bool:
+    """Whether a direct repeat may read or write tensor x (not A or B) through its pointer: one
+    of the `direct` types on `device`, not requiring grad while grad mode is on."""
+    return (type(x) in direct and not (x.requires_grad and torch.is_grad_enabled())
+            and x.get_device() == device)
+
+
+# (torch module, its direct types), made once per torch module.
+_direct_types_of = (None, ())
+
+
+def _direct_types(torch) -> tuple:
+    """torch.Tensor and torch.nn.Parameter, the types a direct repeat reads through their
+    pointers (a Parameter is a Tensor of its own memory)."""
+    global _direct_types_of
+    module, types = _direct_types_of
+    if module is not torch:
+        nn = getattr(torch, "nn", None)
+        types = (torch.Tensor,) + ((nn.Parameter,) if nn is not None else ())
+        _direct_types_of = (torch, types)
+    return types
 
 
 def _current_device() -> int:

@@ -265,3 +265,44 @@ def test_fused_repeats_launch_without_dlpack_on_a_side_stream(dtype, monkeypatch
             assert hopmm.matmul(a, b, c=r, beta=1.0, out=r) is r
             close(r, ref)
     stream.synchronize()
+
+
+@pytest.mark.parametrize("inference", ["no_grad", "inference_mode"])
+def test_parameters_repeat_without_dlpack_under_no_grad(inference, monkeypatch):
+    """Parameters require grad: a weight passed as B and nn.Linear's bias, read under no_grad
+    or inference_mode, repeat through their pointers (no conversion) with the right results;
+    with grad on they are refused, remembered launches or not."""
+    import hopmm
+    from hopmm import interop
+
+    w = torch.nn.Parameter(rand((256, 320), "bfloat16"))
+    bias = torch.nn.Linear(256, 320, device="cuda", dtype=torch.bfloat16).bias
+    mode = torch.no_grad if inference == "no_grad" else torch.inference_mode
+
+    def expected(x):
+        return torch.relu(x.float() @ w.detach().float() + bias.detach().float())
+
+    def close(got, ref):
+        assert isinstance(got, torch.Tensor) and not got.requires_grad
+        assert not torch.isnan(got).any()
+        err = torch.linalg.norm(got.float() - ref) / torch.linalg.norm(ref)
+        assert float(err) < TOL["bfloat16"]
+
+    def no_conversion(*args, **kwargs):
+        raise AssertionError("a repeat went through DLPack")
+
+    converting = interop.call_with_tensors
+    with mode():
+        x = rand((384, 256), "bfloat16")
+        check(hopmm.matmul(x, w), x, w.detach(), "bfloat16")
+        close(hopmm.matmul(x, w, bias=bias, activation="relu"), expected(x))
+        monkeypatch.setattr(interop, "call_with_tensors", no_conversion)
+        for _ in range(3):
+            x = rand((384, 256), "bfloat16")
+            check(hopmm.matmul(x, w), x, w.detach(), "bfloat16")
+            close(hopmm.matmul(x, w, bias=bias, activation="relu"), expected(x))
+    monkeypatch.setattr(interop, "call_with_tensors", converting)
+    with pytest.raises(ValueError, match="b requires grad"):
+        hopmm.matmul(x, w)
+    with pytest.raises(ValueError, match="bias requires grad"):
+        hopmm.matmul(x, w.detach(), bias=bias, activation="relu")

@@ -61,6 +61,16 @@ class FakeTensor:
         return self
 
 
+class FakeParameter(FakeTensor):
+    """A model's weight or bias (torch.nn.Parameter): a Tensor of its own memory that
+    requires grad."""
+    requires_grad = True
+
+
+class FakeSubclass(FakeTensor):
+    """Some other Tensor subclass (one that may dispatch its operations elsewhere)."""
+
+
 @pytest.fixture
 def torch_on_simulated_gpu(simulated_gpu, monkeypatch):
     """A torch stand-in on the simulated GPU; returns the list of tensors converted to cupy
@@ -68,6 +78,7 @@ def torch_on_simulated_gpu(simulated_gpu, monkeypatch):
     converted = []
     fake_torch = types.ModuleType("torch")
     fake_torch.Tensor = FakeTensor
+    fake_torch.nn = types.SimpleNamespace(Parameter=FakeParameter)
     fake_torch.is_grad_enabled = lambda: True
     # torch.empty's two forms: the sizes one by one, or one tuple of them.
     fake_torch.empty = lambda *size, dtype=None, device=None: FakeTensor(np.empty(
@@ -227,3 +238,42 @@ def test_torch_a_goes_to_interop_before_the_cupy_fast_path(torch_on_simulated_gp
     for _ in range(2):
         y = hopmm.matmul(a, w, bias=bias, activation="relu")
         _close(y, np.maximum(_f32(a) @ _f32(w) + _f32(bias), 0))
+
+
+def test_parameters_under_no_grad_repeat_directly(torch_on_simulated_gpu, monkeypatch):
+    """A weight and a bias that are Parameters (requiring grad) read under no_grad: repeats
+    launch straight from their pointers like plain tensors', with the right results."""
+    converted = torch_on_simulated_gpu
+    monkeypatch.setattr(sys.modules["torch"], "is_grad_enabled", lambda: False)
+    w, bias = FakeParameter(rand((96, 136))), FakeParameter(rand((136,)))
+    for _ in range(3):
+        a = tensor((200, 96))
+        _close(hopmm.matmul(a, w), _f32(a) @ _f32(w))
+        y = hopmm.matmul(a, w, bias=bias, activation="relu")
+        _close(y, np.maximum(_f32(a) @ _f32(w) + _f32(bias), 0))
+    assert len(converted) == 5   # the first plain call's a and w, the first fused call's three
+
+
+def test_parameters_with_grad_on_are_refused_after_a_repeat_was_remembered(
+        torch_on_simulated_gpu, monkeypatch):
+    """The remembered launches never bypass the grad rule: with grad mode on, a Parameter
+    operand is refused on every call, as on the first."""
+    grad = [False]
+    monkeypatch.setattr(sys.modules["torch"], "is_grad_enabled", lambda: grad[0])
+    a, w, bias = tensor((64, 96)), FakeParameter(rand((96, 128))), FakeParameter(rand((128,)))
+    hopmm.matmul(a, w)
+    hopmm.matmul(a, w, bias=bias)
+    grad[0] = True
+    for _ in range(2):
+        with pytest.raises(ValueError, match="b requires grad"):
+            hopmm.matmul(a, w)
+        with pytest.raises(ValueError, match="bias requires grad"):
+            hopmm.matmul(a, tensor((96, 128)), bias=bias)
+
+
+def test_other_tensor_subclasses_are_converted_on_every_call(torch_on_simulated_gpu):
+    converted = torch_on_simulated_gpu
+    a, w = FakeSubclass(rand((64, 96))), tensor((96, 128))
+    for _ in range(2):
+        _close(hopmm.matmul(a, w), _f32(a) @ _f32(w))
+    assert len(converted) == 4
