@@ -305,6 +305,10 @@ def relative_bounds(x) -> tuple[int, int]:
     return byte_bounds(0, x.shape, x.strides, x.itemsize)
 
 
+# The index of c among a fused launch's epilogue pointers (bias, c).
+EPILOGUE_C = 1
+
+
 def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out, result,
                 a_copy: OperandCopy | None = None, b_copy: OperandCopy | None = None,
                 c_buffer: tuple | None = None, epilogue=None):
@@ -330,10 +334,6 @@ def make_recipe(out_shape: tuple, dtype, launches: list, a, b, out, result,
             EPILOGUE_C if out_may_be_c else -1))
     return Recipe(out_shape, dtype, launches, a_bounds, b_bounds, a_copy, b_copy, c_buffer,
                   out_bounds, scratch_copies(result, a_copy, b_copy, c_buffer))
-
-
-# The index of c among a fused launch's epilogue pointers (bias, c).
-EPILOGUE_C = 1
 
 
 _recipes: dict = {}

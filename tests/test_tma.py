@@ -603,6 +603,23 @@ def _expected_overlap(a_ptr, b_ptr, c_ptr):
     return overlaps(c, (a_ptr, a_ptr + 256)) or overlaps(c, (b_ptr - 64, b_ptr + 192))
 
 
+def _declined_or_launched(run, launch, clash: bool):
+    """run() returns False where out clashes, before the driver is asked for anything; else it
+    launches: without a driver, the error of launch() (the stand-in kernel on the addresses
+    run() should pass it)."""
+    if clash:
+        assert run() is False
+        return
+    if _tensormap.driver_available():
+        pytest.skip("a CUDA driver is present: the stand-in kernel is never launched")
+    with pytest.raises(RuntimeError) as direct_error:
+        run()
+    with pytest.raises(RuntimeError) as launch_error:
+        launch()
+    assert str(direct_error.value) == str(launch_error.value)
+    assert "CUDA driver (libcuda.so.1) not found" in str(direct_error.value)
+
+
 @pytest.mark.parametrize("placement", PLACEMENTS, ids=list(PLACEMENTS))
 def test_direct_repeat_declines_exactly_the_overlaps_of_layout(placement):
     """Half-open bounds, layout.overlaps's rule: an out that shares a byte with A or B is
@@ -610,17 +627,8 @@ def test_direct_repeat_declines_exactly_the_overlaps_of_layout(placement):
     lies apart, is launched (without a driver: KernelLaunch.launch's own error)."""
     ptrs = PLACEMENTS[placement]
     direct = make_direct()
-    if _expected_overlap(*ptrs):
-        assert direct.run(0, *ptrs) is False
-        return
-    if _tensormap.driver_available():
-        pytest.skip("a CUDA driver is present: the stand-in kernel is never launched")
-    with pytest.raises(RuntimeError) as direct_error:
-        direct.run(0, *ptrs)
-    with pytest.raises(RuntimeError) as launch_error:
-        direct.launches[0].launch(0, *ptrs)
-    assert str(direct_error.value) == str(launch_error.value)
-    assert "CUDA driver (libcuda.so.1) not found" in str(direct_error.value)
+    _declined_or_launched(lambda: direct.run(0, *ptrs),
+                          lambda: direct.launches[0].launch(0, *ptrs), _expected_overlap(*ptrs))
 
 
 def test_placements_cover_both_outcomes():
@@ -697,13 +705,9 @@ def test_fused_direct_repeat_declines_exactly_the_overlaps(placement):
     checked; everything else is launched (without a driver: KernelLaunch.launch's error)."""
     out, bias, c, out_may_be, bounds, clash = FUSED_PLACEMENTS[placement]
     direct = make_fused_direct(bounds, out_may_be)
-    if clash:
-        assert direct.run_fused(0, A, B, out, bias, c) is False
-        return
-    if _tensormap.driver_available():
-        pytest.skip("a CUDA driver is present: the stand-in kernel is never launched")
-    with pytest.raises(RuntimeError, match="CUDA driver"):
-        direct.run_fused(0, A, B, out, bias, c)
+    read = [0 if b is None else x for x, b in zip((bias, c), bounds)]
+    _declined_or_launched(lambda: direct.run_fused(0, A, B, out, bias, c),
+                          lambda: direct.launches[0].launch(0, A, B, out, *read), clash)
 
 
 @pytest.mark.skipif(_tensormap.driver_available(), reason="a CUDA driver is present")
