@@ -103,9 +103,13 @@ CLUSTER_SPLIT_MIN_K_BLOCKS = 8
 # The k-block times are those of a CTA streaming alone; with every SM busy each takes
 # 1 + PARALLEL_LOAD times as long (L2 and DRAM shared). A row TMA zero-fills past the
 # problem's edge costs far less than a loaded one. The DRAM rate is what the kernel's TMA
-# loads of B reach; the L2 term binds where many CTAs load narrow tiles.
+# loads of B reach; the L2 term binds where many CTAs load narrow tiles. The 64 x 192 tile's
+# k-block time is fitted apart, to 45 timings of 16 products of 192 columns (6 % rms; NOTES
+# v0.47): one column of its tiles covers 129-192 columns, where 128-wide tiles compute a
+# second column a quarter full and read every A tile twice.
 PARALLEL_MIN_K_BLOCKS = 4
-PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.15, (WGMMA_M, 256): 0.28, (BLOCK_M, 128): 0.26}
+PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.15, (WGMMA_M, 192): 0.25, (WGMMA_M, 256): 0.28,
+                      (BLOCK_M, 128): 0.26}
 PARALLEL_LOAD = 0.8
 PARALLEL_DRAM_TBPS = 2.6
 PARALLEL_L2_TBPS = 10.0
@@ -479,7 +483,7 @@ SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedu
 def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelConfig]:
     """The tiles a split-K schedule may take for `problem`, with the deepest ring that fits:
     128 x 128 (on split_k and split_k_cluster 128 x NARROW_BLOCK_N for a narrow product:
-    _split_width), or on split_k_parallel 64 x 128 and 64 x 256 for problems of at most
+    _split_width), or on split_k_parallel 64 x 128, 64 x 192 and 64 x 256 for problems of at most
     SHORT_TILE_MAX_M rows (loading no more rows of A than the problem has, in TRIMMED_A_ROWS
     steps); for more rows, those 64-row tiles as well where they all run at once
     (_short_tile_shapes)."""
@@ -498,13 +502,13 @@ def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelCon
 
 
 def _short_tile_shapes(problem: Problem, device: DeviceInfo) -> list[tuple[int, int]]:
-    """split_k_parallel's 64-row tile shapes offered to `problem`: all of them up to
-    SHORT_TILE_MAX_M rows; for more rows, those that cover it in one wave of the SMs (where
-    the model, which counts no waves, holds) while the 128-row tiles leave SMs idle: only
-    then can twice as many tiles fill more of them."""
+    """split_k_parallel's 64-row tile shapes offered to `problem`: up to SHORT_TILE_MAX_M
+    rows, those of its few_row_widths; for more rows, those that cover it in one wave of the
+    SMs (where the model, which counts no waves, holds) while the 128-row tiles leave SMs
+    idle: only then can twice as many tiles fill more of them."""
     shapes = [t for t in SplitKParallelSchedule.tile_shapes() if t[0] == WGMMA_M]
     if problem.m <= SHORT_TILE_MAX_M:
-        return shapes
+        return [t for t in shapes if t[1] in SplitKParallelSchedule.few_row_widths]
     return [t for t in shapes if _tiles(problem, *t) <= device.sm_count
             and _tiles(problem, BLOCK_M, t[1]) < device.sm_count]
 

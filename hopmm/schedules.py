@@ -833,10 +833,15 @@ class SplitKParallelSchedule(SplitKSchedule):
     counter; once all have arrived, each split adds up its share of the tile's rows over all
     the partials, in split order, and stores them (split_k_parallel_reduce.cuh). The same sums
     as split_k and split_k_cluster, bitwise, with one hand-off instead of a chain and no
-    cluster-size bound. Tiles of 64 rows (one consumer warpgroup) for problems of few rows,
-    whose K-major A tiles may load only the TRIMMED_A_ROWS step that covers them."""
+    cluster-size bound. Tiles of 64 rows (one consumer warpgroup) for problems of few rows
+    (those of few_row_widths), whose K-major A tiles may load only the TRIMMED_A_ROWS step that
+    covers them."""
 
     name = "split_k_parallel"
+    # The 64-row tile widths for problems of at most 64 rows. Not 192: there B's stream sets
+    # the pace, and on 88 such products read through phase maps its fewer, wider tiles ran
+    # 0.96 x the 128- and 256-wide ones (bench/NOTES.md v0.47).
+    few_row_widths = (128, 256)
     slots = dict(SplitKSchedule.slots, EPILOGUE="hopmm::SplitKParallelEpilogue")
     reduce_snippet = "split_k_parallel_reduce.cuh"
     c_box_rows = CLUSTER_REDUCE_GROUP_ROWS
@@ -845,7 +850,7 @@ class SplitKParallelSchedule(SplitKSchedule):
 
     @classmethod
     def tile_shapes(cls) -> list[tuple[int, int]]:
-        return [(WGMMA_M, 128), (WGMMA_M, 256), (BLOCK_M, 128)]
+        return [(WGMMA_M, 128), (WGMMA_M, 192), (WGMMA_M, 256), (BLOCK_M, 128)]
 
     @classmethod
     def smem_note(cls, cfg: KernelConfig) -> str:
@@ -865,8 +870,8 @@ class SplitKParallelSchedule(SplitKSchedule):
     @classmethod
     def trimmed_config(cls, cfg: KernelConfig, rows: int) -> KernelConfig:
         """`cfg` loading only the TRIMMED_A_ROWS step that covers `rows` rows of its A tiles,
-        where it can (64-row tiles of a K-major A); else `cfg` itself."""
-        if cfg.block_m != WGMMA_M or cfg.trans_a:
+        where it can (64-row tiles of few_row_widths, a K-major A); else `cfg` itself."""
+        if cfg.block_m != WGMMA_M or cfg.trans_a or cfg.block_n not in cls.few_row_widths:
             return cfg
         steps = [r for r in TRIMMED_A_ROWS if r >= rows]
         return replace(cfg, a_rows=steps[0]) if steps else cfg

@@ -52,18 +52,24 @@ SPLIT_K = ["split_k", "split_k_cluster", "split_k_parallel"]
 CLUSTER_MAX = 8   # schedules.MAX_CLUSTER_SPLITS
 
 
-def run_split(a, b, splits, schedule="split_k", block_m=None):
+def run_split(a, b, splits, schedule="split_k", block_m=None, block_n=None):
     """C = A @ B on the split-K kernel of `schedule` with exactly `splits` splits (output
     poisoned first), on tiles of `block_m` rows, or those the heuristic forces where their
-    bound allows `splits` (else 128). Returns (C, the choice)."""
+    bound allows `splits` (else 128); with `block_n`, on the schedule's deepest tile of that
+    shape whatever the heuristic offers (loading only the A rows a few-row problem has, as
+    split_configs does). Returns (C, the choice)."""
     from hopmm import heuristics
     from hopmm.layout import MAX_GRID_Z
 
     def pick(problem, dev):
         c = heuristics.choose(problem, dev, schedule)
         count = min(problem.batch, MAX_GRID_Z)
-        if block_m is not None or c.schedule.max_splits(problem, c.config, count,
-                                                        dev.sm_count) < splits:
+        if block_n is not None:
+            cfg = c.schedule.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                                     dev.smem_per_block_optin, block_m or BLOCK_M)
+            c = dataclasses.replace(c, config=c.schedule.trimmed_config(cfg, problem.m))
+        elif block_m is not None or c.schedule.max_splits(problem, c.config, count,
+                                                          dev.sm_count) < splits:
             want = block_m or BLOCK_M
             c = dataclasses.replace(c, config=next(
                 cfg for cfg in heuristics.split_configs(c.schedule, problem, dev)
@@ -133,19 +139,54 @@ def test_parallel_64_row_tiles_over_many_rows(m, n, k, splits, dtype):
     assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
 
 
-# Each schedule on its forced tiles, and split_k_parallel's 64-row tiles over several M tiles.
-TILED = [(schedule, None) for schedule in SPLIT_K] + [("split_k_parallel", 64)]
+# (m, n, k, splits): split_k_parallel's 64 x 192 tile, one column of tiles for 129-192
+# columns: one row and 30 (A rows trimmed), M and N edges, K not a multiple of 64, a split of
+# one k-block, K below one k-block, a second column of tiles, N whose rows are not 16-byte
+# aligned (read from an aligned copy), many splits.
+WIDE_64_ROW_TILES = [(1, 150, 4097, 3), (30, 192, 2000, 9), (129, 192, 6000, 5),
+                     (200, 129, 999, 2), (130, 160, 640, 10), (64, 100, 50, 1),
+                     (1000, 193, 3000, 4), (333, 191, 8192, 7), (448, 192, 23936, 16)]
 
 
-@pytest.mark.parametrize("schedule,block_m", TILED)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k,splits", WIDE_64_ROW_TILES,
+                         ids=[f"{m}x{n}x{k}_s{s}" for m, n, k, s in WIDE_64_ROW_TILES])
+def test_parallel_64x192_tiles(m, n, k, splits, dtype):
+    """Right, and the same sums as the 128 x 128 tiles, bitwise (each element's partials in
+    the same order), every run."""
+    import cupy
+
+    a, b = rand((m, k), dtype), rand((k, n), dtype)
+    c, choice = run_split(a, b, splits, "split_k_parallel", block_m=64, block_n=192)
+    cfg = choice.config
+    assert (cfg.block_m, cfg.block_n, choice.splits) == (64, 192, splits)
+    assert rel_err(c, a, b) < TOL[dtype]
+    assert semaphores_zero()
+    bits = c.view(cupy.uint16).copy()
+    square, _ = run_split(a, b, splits, "split_k_parallel", block_m=BLOCK_M, block_n=128)
+    assert bool(cupy.array_equal(square.view(cupy.uint16), bits))
+    for _ in range(3):
+        again, _ = run_split(a, b, splits, "split_k_parallel", block_m=64, block_n=192)
+        assert bool(cupy.array_equal(again.view(cupy.uint16), bits))
+    assert semaphores_zero()
+
+
+# Each schedule on its forced tiles, and split_k_parallel's 64-row tiles over several M tiles
+# ((schedule, block_m, block_n); None: the heuristic's).
+TILED = ([(schedule, None, None) for schedule in SPLIT_K]
+         + [("split_k_parallel", 64, None), ("split_k_parallel", 64, 192)])
+
+
+@pytest.mark.parametrize("schedule,block_m,block_n", TILED)
 @pytest.mark.parametrize("ta,tb", [(False, False), (True, False), (False, True), (True, True)])
-def test_split_k_transposed_and_batched(ta, tb, schedule, block_m):
+def test_split_k_transposed_and_batched(ta, tb, schedule, block_m, block_n):
     dtype = "bfloat16"
     m, n, k, batch = 200, 136, 1500, 3
     a = rand((batch, k, m), dtype).transpose(0, 2, 1) if ta else rand((batch, m, k), dtype)
     b = rand((batch, n, k), dtype).transpose(0, 2, 1) if tb else rand((batch, k, n), dtype)
-    c, choice = run_split(a, b, 5, schedule, block_m)
+    c, choice = run_split(a, b, 5, schedule, block_m, block_n)
     assert block_m is None or choice.config.block_m == block_m
+    assert block_n is None or choice.config.block_n == block_n
     assert rel_err(c, a, b) < TOL[dtype]
     assert semaphores_zero()
 

@@ -763,6 +763,35 @@ def test_more_rows_keep_128_row_tiles_where_those_ran_faster(m, n, k):
     assert c.config.block_m == 128
 
 
+@pytest.mark.parametrize("m,n,k,splits", [(1600, 192, 23936, 5), (1920, 192, 17408, 4),
+                                          (1856, 192, 25984, 4), (192, 960, 19392, 8),
+                                          (320, 384, 25600, 13)])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_columns_in_steps_of_192_take_64x192_tiles(m, n, k, splits, dtype):
+    """One column of 64 x 192 tiles for 129-192 columns (or columns in whole steps of 192),
+    where 128-wide tiles compute a column past N and read A twice (v0.47, x the previous pick:
+    1600 x 192 x 23936 1.11, 1920 x 192 x 17408 1.10, 1856 x 192 x 25984 1.10, 192 x 960 x
+    19392 1.04, 320 x 384 x 25600 1.06)."""
+    c = choose(m, n, k, dtype=dtype)
+    assert c.schedule is SplitKParallelSchedule
+    assert (c.config.block_m, c.config.block_n, c.splits) == (64, 192, splits)
+    assert c.config.a_rows is None
+
+
+@pytest.mark.parametrize("m", [1, 16, 40, heuristics.SHORT_TILE_MAX_M])
+@pytest.mark.parametrize("n", [150, 192, 2000, 8192])
+def test_few_rows_never_take_64x192_tiles(m, n):
+    """Up to SHORT_TILE_MAX_M rows B's stream sets the pace, and the 64 x 192 tile ran behind
+    the 128- and 256-wide ones there (v0.47): neither offered nor trimmed."""
+    p = Problem(m, n, 16384, 1, "bfloat16")
+    widths = {cfg.block_n for cfg in heuristics.split_configs(SplitKParallelSchedule, p,
+                                                              H100_SXM)}
+    assert widths == set(SplitKParallelSchedule.few_row_widths)
+    assert choose(m, n, 16384, **GEMV_ASIDE).config.block_n != 192
+    wide = SplitKParallelSchedule.deepest("bfloat16", 192, False, True, 232448, 64)
+    assert SplitKParallelSchedule.trimmed_config(wide, m) is wide
+
+
 def test_zero_filled_rows_of_the_worst_tile():
     """Only the last loaded 64-row box of an edge tile is zero-filled past the edge: boxes
     wholly past it are not loaded (producer_tma.cuh)."""
