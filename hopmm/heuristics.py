@@ -483,10 +483,10 @@ SPLIT_K_SCHEDULES = (SplitKSchedule, SplitKClusterSchedule, SplitKParallelSchedu
 def split_configs(sched, problem: Problem, device: DeviceInfo) -> list[KernelConfig]:
     """The tiles a split-K schedule may take for `problem`, with the deepest ring that fits:
     128 x 128 (on split_k and split_k_cluster 128 x NARROW_BLOCK_N for a narrow product:
-    _split_width), or on split_k_parallel 64 x 128, 64 x 192 and 64 x 256 for problems of at most
-    SHORT_TILE_MAX_M rows (loading no more rows of A than the problem has, in TRIMMED_A_ROWS
-    steps); for more rows, those 64-row tiles as well where they all run at once
-    (_short_tile_shapes)."""
+    _split_width), or on split_k_parallel its 64-row tiles of few_row_widths for problems of
+    at most SHORT_TILE_MAX_M rows (loading no more rows of A than the problem has, in
+    TRIMMED_A_ROWS steps); for more rows, its 64-row tiles (64 x 192 too) as well where they
+    all run at once (_short_tile_shapes)."""
     short = sched is SplitKParallelSchedule and problem.m <= SHORT_TILE_MAX_M
     width = 128 if sched is SplitKParallelSchedule else _split_width(problem)
     shapes = [] if short else [(BLOCK_M, width)]

@@ -140,9 +140,9 @@ def test_parallel_64_row_tiles_over_many_rows(m, n, k, splits, dtype):
 
 
 # (m, n, k, splits): split_k_parallel's 64 x 192 tile, one column of tiles for 129-192
-# columns: one row and 30 (A rows trimmed), M and N edges, K not a multiple of 64, a split of
-# one k-block, K below one k-block, a second column of tiles, N whose rows are not 16-byte
-# aligned (read from an aligned copy), many splits.
+# columns: one row and 30 (A rows zero-filled past M), M and N edges, K not a multiple of 64,
+# a split of one k-block, K below one k-block, a second column of tiles, N whose rows are not
+# 16-byte aligned (read from an aligned copy), many splits.
 WIDE_64_ROW_TILES = [(1, 150, 4097, 3), (30, 192, 2000, 9), (129, 192, 6000, 5),
                      (200, 129, 999, 2), (130, 160, 640, 10), (64, 100, 50, 1),
                      (1000, 193, 3000, 4), (333, 191, 8192, 7), (448, 192, 23936, 16)]
