@@ -141,18 +141,23 @@ def _fused_tensor_key(a, b, out, bias, activation, alpha, beta, c):
         return None
     torch, device = sys.modules["torch"], k[TENSOR_KEY_DEVICE]
     direct = _direct_types(torch)
-    bias_key = c_key = None
-    if bias is not None:
-        if not _direct_operand(bias, torch, direct, device):
-            return None
-        bias_key = (bias.shape, bias.stride(), bias.dtype)
-    if c is not None:
-        if not _direct_operand(c, torch, direct, device):
-            return None
-        c_key = (c.shape, c.stride(), c.dtype)
+    bias_key = _epilogue_operand_key(bias, torch, direct, device)
+    c_key = _epilogue_operand_key(c, torch, direct, device)
+    if bias_key is False or c_key is False:
+        return None
     # Not hashed here: the lookup (_remembered_fused) hashes it once, and takes an
     # unhashable keyword's TypeError as "not remembered".
     return ("fused", *k, *fastpath.keywords_key(activation, alpha, beta, bias_key, c_key))
+
+
+def _epilogue_operand_key(x, torch, direct: tuple, device: int):
+    """fastpath._epilogue_operand_key of a torch bias or c: None for none, False where a
+    direct repeat may not read it (_direct_operand), else its shape, strides and dtype."""
+    if x is None:
+        return None
+    if not _direct_operand(x, torch, direct, device):
+        return False
+    return (x.shape, x.stride(), x.dtype)
 
 
 def _remembered_fused(k):
