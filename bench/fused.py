@@ -1,6 +1,7 @@
 """Fused epilogues against the unfused ways of computing them (issue 19's targets), on the GPU:
 
     python3 bench/fused.py [--rounds 7] [--dtypes bf16,fp16] [--quick] [--no-torch]
+        [--cases 'swiglu,shared_a x2']
 
 Cases: bias + relu and bias + gelu (hopmm.matmul(bias=, activation=) against torch's
 `relu(addmm(bias, a, b))` and `F.gelu(F.linear(a, w, bias))`, and against cupy.matmul followed
@@ -161,6 +162,8 @@ def run(args) -> list[dict]:
            [("alpha*ab+beta*c", s) for s in (QUICK_SHAPES if args.quick else C_SHAPES)] + \
            [("swiglu", s) for s in SWIGLU_SHAPES[:1 if args.quick else None]] + \
            [("shared_a x2", s) for s in SHARED_A_SHAPES[:1 if args.quick else None]]
+    if args.cases:
+        plan = [(case, shape) for case, shape in plan if case in args.cases]
     for dtype in args.dtypes:
         dt = ctx.cupy_dtype(dtype)
         for case, (m, n, k) in plan:
@@ -216,6 +219,8 @@ def parse_args(argv=None):
     p.add_argument("--dtypes", type=lambda s: s.split(","), default=["bf16", "fp16"])
     p.add_argument("--quick", action="store_true", help="4096^3 only")
     p.add_argument("--no-torch", action="store_true")
+    p.add_argument("--cases", type=lambda s: s.split(","), default=None,
+                   help="only these cases, e.g. 'swiglu,shared_a x2' (default: all)")
     return p.parse_args(argv)
 
 

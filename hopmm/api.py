@@ -314,7 +314,7 @@ def matmul(a, b, out=None, *, bias=None, activation=None, alpha=_ALPHA_DEFAULT,
                                 f"(unset {STRICT_ENV} to allow it)")
         result = cupy.matmul(a, b, out=out)
         if k is not None:
-            fastpath.remember(k, fastpath.ROUTE, chosen_at)
+            fastpath.remember(k, fastpath.route_recipe(a, b, out), chosen_at)
         return result
     with a.device:  # the result lives with the operands, wherever the current device is
         result = out if out is not None else cupy.empty(p.shapes.out_shape, dtype=p.dtype)

@@ -777,44 +777,85 @@ def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
             f"cuBLAS's ~{theirs:.1f} us reading such rows in place ({align}-byte rows)")
 
 
-# The one-kernel shared-A products (schedules.DUAL_B_SCHEDULES) against the composed path (one
-# plain product per B). Their 128 x 128 tile with two Bs ties the plain schedules where the
-# products are compute-bound and loses to them where B streams from DRAM (bench/NOTES.md
-# v0.21: 0.81 x the composed swiglu's time at 4096 x 14336 x 4096, 2.9 x at 256 rows). So it
-# pays where the products' arithmetic intensity is at least DUAL_B_MIN_RIDGES ridge points
-# (FLOOR_TFLOPS / COPY_TBPS) and the traffic it saves (schedule.saved_bytes) at COPY_TBPS
-# outlasts DUAL_B_PENALTY of the products' compute floor, the dual tile's measured deficit to
-# the plain schedules' best tiles (matmul_shared_a at 4096 rows: 1.01-1.03 x). And where the
-# products' compute floor is at least DUAL_B_HOST_US: the one kernel's launch is built on every
-# call (no remembered recipe, unlike the composed path's products), about that much host time
-# (predicted), which it must hide behind its GPU time.
-DUAL_B_MIN_RIDGES = 2.0
-DUAL_B_PENALTY = 0.03
-DUAL_B_HOST_US = 100.0
+# The one-kernel shared-A products (schedules.DUAL_B_SCHEDULES) against the composed path
+# (one plain product per B, and swiglu's gating pass), by their time models (_dual_b_us,
+# _composed_us). The one kernel cannot split K, so where its tiles are few and K long the
+# composed products, which can, are faster; where its tiles fill the SMs it saves a launch, a
+# tail, A's second read, swiglu's gating pass and their host time. Each path is no faster
+# than its repeat's host time back to back (DUAL_B_HOST_US, COMPOSED_HOST_US: the smallest
+# products' times), which paces small products. Checked on 88 products of 1-1024 rows of two
+# seeds (NOTES v0.48): its picks ran 0.99-1.0 x the faster path (geomean), where v0.21's rule
+# (one kernel only where compute-bound) left swiglu at 0.82 x torch.
+DUAL_B_HOST_US = {"shared_a": 28.0, "swiglu": 23.0}
+COMPOSED_HOST_US = {"shared_a": 31.0, "swiglu": 47.0}
+# swiglu's composed gating pass: both products read, the result written, at COPY_TBPS, after
+# a launch (predicted).
+GATING_FIXED_US = 2.0
 
 
 @functools.lru_cache(maxsize=4096)
-def dual_b_pays(schedule, batch: int, m: int, n: int, k: int, itemsize: int) -> tuple:
+def dual_b_pays(schedule, problem: Problem, device: DeviceInfo) -> tuple:
     """(whether the one-kernel `schedule` beats the composed path, why), by the model above,
-    for two products of an (m x k) A with (k x n) Bs, `batch` times. Asked on every swiglu and
-    matmul_shared_a call: remembered per problem, as choose() is."""
-    flops = 2 * 2 * batch * m * n * k
-    moved = itemsize * batch * (m * k + 2 * k * n + schedule.outputs * m * n)
-    ridges = flops / moved / (FLOOR_TFLOPS / COPY_TBPS)
-    if ridges < DUAL_B_MIN_RIDGES:
-        return False, (f"{schedule.name}: {ridges:.2f} ridge points of arithmetic intensity, "
-                       f"under {DUAL_B_MIN_RIDGES:g}: B streams from DRAM, where the plain "
-                       f"schedules' tiles are faster")
-    compute_us = flops / (FLOOR_TFLOPS * 1e6)
-    if compute_us < DUAL_B_HOST_US:
-        return False, (f"{schedule.name}: {compute_us:.1f} us of compute, under the one "
-                       f"kernel's {DUAL_B_HOST_US:g} us of host time a call")
-    saved_us = schedule.saved_bytes(batch, m, n, k, itemsize) / (COPY_TBPS * 1e6)
-    penalty_us = DUAL_B_PENALTY * compute_us
-    pays = saved_us > penalty_us
-    return pays, (f"{schedule.name}: one kernel saves {saved_us:.1f} us of traffic against "
-                  f"a {penalty_us:.1f} us tile penalty ({DUAL_B_PENALTY:g} of the compute "
-                  f"floor): {'one kernel' if pays else 'composed'}")
+    for two products of `problem` (A with either B). Asked on a swiglu or matmul_shared_a
+    call that has no remembered launches: remembered per problem, as choose() is."""
+    one = max(_dual_b_us(schedule, problem, device), DUAL_B_HOST_US[schedule.name])
+    composed = max(_composed_us(schedule, problem, device), COMPOSED_HOST_US[schedule.name])
+    pays = one < composed
+    return pays, (f"{schedule.name}: one kernel {one:.1f} us, composed {composed:.1f} us "
+                  f"(time models, each at least its host time): "
+                  f"{'one kernel' if pays else 'composed'}")
+
+
+def _dual_b_us(schedule, problem: Problem, device: DeviceInfo) -> float:
+    """The one kernel's time on its tiles (dual_b_choice), wave by wave: the plain tiles' model
+    of their height (FEW_ROWS_* on 64 rows, the unsplit 128 x 128 model's UNSPLIT_* on 128)
+    with a k-block of both products' wgmmas, twice the plain tile's."""
+    cfg = dual_b_choice(schedule, problem, device).config
+    if cfg.block_m == WGMMA_M:
+        kblock_us, load, dram_tbps, fixed_us = (2 * FEW_ROWS_KBLOCK_US, FEW_ROWS_LOAD,
+                                                FEW_ROWS_DRAM_TBPS, FEW_ROWS_FIXED_US)
+    else:   # the work of a tile twice as wide, at that tile's speed
+        wide = (cfg.block_m, 2 * cfg.block_n)
+        kblock_us, load, dram_tbps, fixed_us = (_unsplit_kblock_us(wide, TILE_SPEED[wide]),
+                                                UNSPLIT_LOAD, UNSPLIT_DRAM_TBPS,
+                                                UNSPLIT_EPILOGUE_US)
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
+    k_blocks = _k_blocks(problem)
+    dram_us = (ELEM_BYTES * problem.batch
+               * (problem.m * problem.k + 2 * problem.k * problem.n
+                  + schedule.outputs * problem.m * problem.n) / (dram_tbps * 1e6))
+
+    def wave_us(count: int) -> float:
+        return max(k_blocks * kblock_us * (1 + load * count / device.sm_count),
+                   dram_us * count / tiles)
+
+    full, last = divmod(tiles, device.sm_count)
+    return full * wave_us(device.sm_count) + (wave_us(last) if last else 0.0) + fixed_us
+
+
+def _composed_us(schedule, problem: Problem, device: DeviceInfo) -> float:
+    """The composed path's time: two plain products by the model of the heuristic's choice
+    for one (_plain_us), and swiglu's gating pass."""
+    us = 2 * _plain_us(problem, device)
+    if schedule.outputs == 1:
+        us += 3 * _result_bytes(problem) / (COPY_TBPS * 1e6) + GATING_FIXED_US
+    return us
+
+
+def _plain_us(problem: Problem, device: DeviceInfo) -> float:
+    """A plain product's time by the model of the heuristic's choice for it; where that choice
+    has none, its floor: the DRAM bytes at COPY_TBPS or the compute at FLOOR_TFLOPS."""
+    choice = choose(problem, device)
+    if choice.schedule is GemvSchedule:
+        return gemv_estimate_us(problem, choice.config, choice.splits, device)
+    if (choice.config.block_m, choice.config.block_n) == FEW_ROWS_TILE and \
+            choice.schedule in TAIL_MAIN_SCHEDULES and _few_rows(problem, device):
+        return _few_rows_us(problem, device)
+    us = _choice_us(choice, problem, device)
+    if us is None:
+        us = max(_dram_bytes(problem) / (COPY_TBPS * 1e6),
+                 2 * problem.batch * problem.m * problem.n * problem.k / (FLOOR_TFLOPS * 1e6))
+    return us
 
 
 # gemv (GemvSchedule): B streamed once by CUDA-core FMAs, for outputs of few rows. Its model:
@@ -1624,10 +1665,14 @@ def _paired_tiles(problem: Problem, device: DeviceInfo, cfg: KernelConfig):
 
 def dual_b_choice(schedule, problem: Problem, device: DeviceInfo) -> Choice:
     """The config of a shared-A schedule (schedules.DUAL_B_SCHEDULES) for `problem`, the
-    product of A with either B: its one tile width with as many stages as fit."""
+    product of A with either B: its one tile width with as many stages as fit, 64 rows high
+    for at most SHORT_TILE_MAX_M rows (no rows computed past M, twice the CTAs streaming the
+    Bs), else 128."""
     block_n = schedule.block_ns[0]
+    block_m = (WGMMA_M if problem.m <= SHORT_TILE_MAX_M and schedule.short_block_ns
+               else BLOCK_M)
     cfg = schedule.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
-                           device.smem_per_block_optin)
+                           device.smem_per_block_optin, block_m)
     if cfg is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for {schedule.name}'s stages")

@@ -1004,7 +1004,8 @@ class SharedASchedule(PersistentSchedule):
     accumulator_sets = 2
     # Two 64 x 192 sets (192 registers) leave a consumer too few for its epilogue.
     block_ns = (128,)
-    short_block_ns = ()
+    # One consumer on a 64-row tile, for products of few rows (heuristics.dual_b_choice).
+    short_block_ns = (128,)
     # Outputs: C0 and C1 (kDualStorePair), or one (kDualStoreSwiglu).
     outputs = 2
     dual_store = 0
@@ -1016,12 +1017,6 @@ class SharedASchedule(PersistentSchedule):
     def own_config_fields(cls) -> dict:
         return {"kDualStore": cls.dual_store}
 
-    @staticmethod
-    def saved_bytes(batch: int, m: int, n: int, k: int, itemsize: int) -> int:
-        """DRAM bytes one kernel saves against one plain product per B: A read once, not
-        twice."""
-        return itemsize * batch * m * k
-
     @classmethod
     def check(cls, cfg: KernelConfig) -> None:
         # The kernel has one chain's operands: a bias or c would go to both products.
@@ -1032,6 +1027,9 @@ class SharedASchedule(PersistentSchedule):
 
     @classmethod
     def consumer_roles(cls, cfg: KernelConfig) -> str:
+        if cfg.consumers == 1:
+            return (f"1 warpgroup computes each {cfg.block_m}x{cfg.block_n} tile of both "
+                    f"products, one accumulator set per B")
         return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile of "
                 f"both products, {cls.consumer_rows(cfg)} rows each, one accumulator set per B")
 
@@ -1049,13 +1047,6 @@ class SwigluSchedule(SharedASchedule):
     dual_store = 1
     extra_params = "\n               const __grid_constant__ hopmm::TensorMap map_b2,"
     extra_args = " &map_b2, nullptr,"
-
-    @staticmethod
-    def saved_bytes(batch: int, m: int, n: int, k: int, itemsize: int) -> int:
-        """DRAM bytes one kernel saves against two plain products and the gating pass: A read
-        once, and neither product written, read back, nor the result written by a second
-        pass."""
-        return itemsize * batch * (m * k + 4 * m * n)
 
     @classmethod
     def check(cls, cfg: KernelConfig) -> None:

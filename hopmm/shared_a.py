@@ -3,16 +3,17 @@
 projections.
 
 Two paths compute them:
-- composed (the default): one hopmm.matmul per B, its activation and bias fused; swiglu's
-  two plain products (so that rows as few as decode's take the gemv kernel, which has no
+- composed: one hopmm.matmul per B, its activation and bias fused; swiglu's two plain
+  products (so that rows as few as decode's may take the gemv kernel, which has no
   epilogue), then silu(gate) * up of the two 16-bit results in one elementwise pass, in fp32.
-- one kernel (the `shared_a` and `swiglu` schedules, kernel_dual_b.cuh), taken where
-  `use_schedule` names that schedule: each A tile loaded once per k-block for two Bs, one
-  wgmma per B in one commit group, one flush before the epilogue; swiglu's silu(gate) * up
-  applied to the fp32 accumulators before its one rounding. It reads two Bs of one shape and
-  layout, with neither bias nor an output that needs an aligned copy; other calls are composed.
-  Without `use_schedule`, heuristics.dual_b_pays decides: one kernel where the products are
-  compute-bound and the traffic it saves outweighs its tile's deficit (swiglu on many rows).
+- one kernel (the `shared_a` and `swiglu` schedules, kernel_dual_b.cuh): each A tile loaded
+  once per k-block for two Bs, one wgmma per B in one commit group, one flush before the
+  epilogue; swiglu's silu(gate) * up applied to the fp32 accumulators before its one
+  rounding; 64-row tiles for products of at most 64 rows. It reads two Bs of one shape and
+  layout, with neither bias nor an output that needs an aligned copy; other calls are
+  composed. A call that read its operands in place is remembered and repeats its launches.
+`use_schedule` naming a shared-A schedule forces the one kernel; else heuristics.dual_b_pays
+decides by both paths' time models.
 
 Every argument is validated, for every B, before anything is launched.
 """
@@ -28,10 +29,12 @@ from .schedules import SharedASchedule, SwigluSchedule
 
 @dataclass
 class _Checked:
-    """A validated call: each product's plan (api.Plan), the activation and the biases."""
+    """A validated call: each product's plan (api.Plan), the activation and the biases, and
+    each product's plan key (_plan_key; None where not remembered)."""
     plans: list
     activation: str | None
     biases: list
+    keys: list | None = None
 
 
 def _sequence(fname: str, name: str, value) -> list:
@@ -48,6 +51,10 @@ def _sequence(fname: str, name: str, value) -> list:
 # autotune or fastpath.clear) is made again.
 MAX_PLANS = 256
 _plans = fastpath.Remembered(MAX_PLANS)
+# Launches of recent one-kernel calls that read A and both Bs in place, by the schedule and
+# both products' plan keys: a repeat allocates its results and launches, where building the
+# tensor maps and launches again cost the host ~200 us a call (NOTES v0.48).
+_dual_launches = fastpath.Remembered(MAX_PLANS)
 
 
 def _plan_key(a, b, bias, activation):
@@ -62,7 +69,7 @@ def _plan_key(a, b, bias, activation):
 def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _Checked:
     """api.plan of every product, or its remembered plan (ValueError / TypeError naming the
     argument)."""
-    plans = []
+    plans, keys = [], []
     for b, name, bias in zip(bs, names, biases):
         k = _plan_key(a, b, bias, activation)
         p = _plans.get(k)
@@ -73,7 +80,8 @@ def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _C
                 raise type(exc)(f"{fname}: {name}: {exc}") from exc
             _plans.put(k, p)
         plans.append(p)
-    return _Checked(plans, activation, biases)
+        keys.append(k)
+    return _Checked(plans, activation, biases, keys)
 
 
 @interop.accepts_torch
@@ -100,9 +108,10 @@ def matmul_shared_a(a, bs, *, bias=None, activation=None) -> list:
     # Pairs of Bs of one shape and layout go through the shared-A kernel where it is forced.
     i = 0
     while i < len(bs):
-        if i + 1 < len(bs) and _one_kernel(SharedASchedule, a, bs[i], bs[i + 1], checked, i):
-            out[i], out[i + 1] = _run_dual(SharedASchedule, a, bs[i], bs[i + 1],
-                                           checked.plans[i], activation)
+        pair = (_one_kernel_results(SharedASchedule, a, bs[i], bs[i + 1], checked, i)
+                if i + 1 < len(bs) else None)
+        if pair is not None:
+            out[i], out[i + 1] = pair
             i += 2
             continue
         out[i] = api.matmul(a, bs[i], bias=biases[i], activation=activation)
@@ -120,8 +129,9 @@ def swiglu(a, w_gate, w_up):
     if getattr(w_gate, "shape", None) != getattr(w_up, "shape", None):
         raise ValueError(f"{fname}: w_gate has shape {w_gate.shape} and w_up {w_up.shape}; "
                          f"the gate and up projections must have one shape")
-    if _one_kernel(SwigluSchedule, a, w_gate, w_up, checked, 0):
-        return _run_dual(SwigluSchedule, a, w_gate, w_up, checked.plans[0], None)[0]
+    results = _one_kernel_results(SwigluSchedule, a, w_gate, w_up, checked, 0)
+    if results is not None:
+        return results[0]
     gate = api.matmul(a, w_gate)
     up = api.matmul(a, w_up)
     with gate.device:
@@ -151,11 +161,7 @@ def _one_kernel(schedule, a, b0, b1, checked: _Checked, first: int) -> bool:
     hopmm's kernels, with Bs of one shape, dtype and strides, no bias, and an output the
     kernel stores in place."""
     p0, p1 = checked.plans[first], checked.plans[first + 1]
-    if api._schedule_override is None:
-        s = p0.shapes
-        if not heuristics.dual_b_pays(schedule, s.batch, s.m, s.n, s.k, a.itemsize)[0]:
-            return False
-    elif api._schedule_override != schedule.name:
+    if api._schedule_override not in (None, schedule.name):
         return False
     if p0.path != "kernel" or p1.path != "kernel":
         return False
@@ -167,16 +173,55 @@ def _one_kernel(schedule, a, b0, b1, checked: _Checked, first: int) -> bool:
     # copied into aligned buffers of one layout): the kernel reads them through one map.
     if (b0.data.ptr % layout.TMA_ALIGN == 0) != (b1.data.ptr % layout.TMA_ALIGN == 0):
         return False
-    return (p0.shapes.n * a.itemsize) % layout.TMA_ALIGN == 0
+    if (p0.shapes.n * a.itemsize) % layout.TMA_ALIGN:
+        return False
+    if api._schedule_override is None:
+        problem = operands.problem_of(p0.shapes, a.dtype.name, "cols", "cols")
+        return heuristics.dual_b_pays(schedule, problem, device_mod.query(a.device.id))[0]
+    return True
 
 
-def _run_dual(schedule, a, b0, b1, p: api.Plan, activation, results=None) -> list:
+def _one_kernel_results(schedule, a, b0, b1, checked: _Checked, first: int) -> list | None:
+    """Products `first` and `first + 1` on the one kernel `schedule` (its results), or None
+    where they are composed. Launches remembered for the call's key are repeated without
+    asking _one_kernel again: the key holds everything its answer depends on."""
+    key = _dual_key(schedule, checked, first)
+    remembered = _dual_launches.get(key)
+    if remembered is None and not _one_kernel(schedule, a, b0, b1, checked, first):
+        return None
+    return _run_dual(schedule, a, b0, b1, checked.plans[first], checked.activation,
+                     key=key, remembered=remembered)
+
+
+def _dual_key(schedule, checked: _Checked, first: int):
+    """The key of the remembered launches of products `first` and `first + 1` on the one
+    kernel `schedule`; None where either product's plan is not remembered."""
+    k0, k1 = checked.keys[first], checked.keys[first + 1]
+    if k0 is None or k1 is None:
+        return None
+    return schedule.name, k0, k1
+
+
+def _run_dual(schedule, a, b0, b1, p: api.Plan, activation, results=None, key=None,
+              remembered=None) -> list:
     """Both products in one launch of `schedule` (SharedASchedule: two results;
     SwigluSchedule: one), into new arrays (or `results`, C-contiguous arrays of the output's
-    shape and dtype: the GPU tests' poisoned buffers)."""
+    shape and dtype: the GPU tests' poisoned buffers). The launches of a call that reads A
+    and both Bs in place are remembered under `key` (_dual_key); `remembered`: those of an
+    earlier call, repeated."""
     import cupy
 
     s = p.shapes
+    if remembered is not None:
+        launches, epilogue_ptrs = remembered
+        with a.device:
+            if results is None:
+                results = [cupy.empty(s.out_shape, dtype=p.dtype)
+                           for _ in range(schedule.outputs)]
+            launch.launch_all(launches, a.data.ptr, b0.data.ptr, results[0].data.ptr,
+                              b1.data.ptr, *[r.data.ptr for r in results[1:]], *epilogue_ptrs)
+        return results
+    chosen_at = fastpath.generation
     with a.device:
         ops = operands.kernel_operands(a, b0, s)
         b_view, _ = operands.operand3d(operands.as_matrix_stack(b1, s.b_is_vector, 1),
@@ -199,8 +244,15 @@ def _run_dual(schedule, a, b0, b1, p: api.Plan, activation, results=None) -> lis
         launches = launch.build_launches(choice, ops.problem, ops.a3, ops.a_map, ops.b3,
                                          ops.b_map, c3s[0], ep)
         extra = [b13.data.ptr] + [c3.data.ptr for c3 in c3s[1:]]
+        epilogue_ptrs = ep.pointers() if ep is not None else ()
         launch.launch_all(launches, ops.a3.data.ptr, ops.b3.data.ptr, c3s[0].data.ptr,
-                          *extra, *(ep.pointers() if ep is not None else ()))
+                          *extra, *epilogue_ptrs)
+    # The launches repeat on any A and Bs of this key read where they lie, as these were;
+    # an activation-only chain's bias and c pointers are null (SharedASchedule.check).
+    in_place = (ops.a3.data.ptr == a.data.ptr and ops.b3.data.ptr == b0.data.ptr
+                and b13.data.ptr == b1.data.ptr and not ops.copies)
+    if in_place and not any(epilogue_ptrs) and fastpath.generation == chosen_at:
+        _dual_launches.put(key, (launches, epilogue_ptrs))
     return results
 
 

@@ -67,14 +67,61 @@ def _fake_cupy():
     m.float32, m.float64 = np.float32, np.float64
     m.maximum, m.exp, m.tanh = np.maximum, np.exp, np.tanh
     m.where = lambda cond, x, y: np.where(cond, x, y).view(FakeArray)
-    m.matmul = lambda a, b, out=None: np.matmul(a, b, out=out)
+    m.matmul = _fake_matmul
     m.ElementwiseKernel = _FakeElementwiseKernel
     m.cuda = types.SimpleNamespace(
         Device=_Device,
         runtime=types.SimpleNamespace(getDevice=lambda: 0, memcpy2DAsync=_memcpy_2d,
                                       memcpyDeviceToDevice=_DEVICE_TO_DEVICE),
-        get_current_stream=lambda: types.SimpleNamespace(ptr=0))
+        get_current_stream=lambda: types.SimpleNamespace(ptr=0),
+        device=types.SimpleNamespace(get_cublas_handle=lambda: _FakeCublas.HANDLE),
+        cublas=_FakeCublas)
     return m
+
+
+def _fake_matmul(a, b, out=None):
+    """cupy.matmul: in fp32 (NumPy's bfloat16 matmul returns float32), rounded to the
+    operands' dtype."""
+    got = np.matmul(np.asarray(a, np.float32), np.asarray(b, np.float32)).astype(
+        np.result_type(a.dtype, b.dtype))
+    if out is None:
+        return fake(got)
+    out[...] = got
+    return out
+
+
+class _FakeCublas:
+    """cupy.cuda.cublas's gemmEx on the fake arrays' host memory: column-major operands of
+    leading dimensions lda, ldb, ldc, with the library's argument rules; records each call."""
+    HANDLE = 7
+    CUBLAS_OP_N = 0
+    TYPES = {2: np.float16, 14: BF16}
+    calls = []
+
+    @staticmethod
+    def setStream(handle, stream):
+        assert handle == _FakeCublas.HANDLE
+
+    @classmethod
+    def gemmEx(cls, handle, transa, transb, m, n, k, alpha, a, a_type, lda, b, b_type, ldb,
+               beta, c, c_type, ldc, compute_type, algo):
+        assert handle == cls.HANDLE and transa == transb == cls.CUBLAS_OP_N
+        assert a_type == b_type == c_type and lda >= m and ldb >= k and ldc >= m
+        dt = np.dtype(cls.TYPES[a_type])
+
+        def matrix(ptr, rows, cols, ld):   # column-major rows x cols, columns ld apart
+            buf = (ctypes.c_char * (ld * (cols - 1) + rows) * dt.itemsize).from_address(ptr)
+            flat = np.frombuffer(buf, dt)
+            return np.lib.stride_tricks.as_strided(flat, (rows, cols),
+                                                   (dt.itemsize, ld * dt.itemsize))
+
+        scale = [np.frombuffer((ctypes.c_char * 4).from_address(p), np.float32)[0]
+                 for p in (alpha, beta)]
+        got = scale[0] * (matrix(a, m, k, lda).astype(np.float32)
+                          @ matrix(b, k, n, ldb).astype(np.float32))
+        out = matrix(c, m, n, ldc)
+        out[...] = (got + scale[1] * out.astype(np.float32) if scale[1] else got).astype(dt)
+        cls.calls.append((m, n, k, compute_type, algo))
 
 
 class _FakeElementwiseKernel:
@@ -560,6 +607,7 @@ def _forget_cupy_objects():
     fastpath.clear()
     workspace.clear()
     shared_a._plans.clear()
+    shared_a._dual_launches.clear()
     shared_a._gated_product.cache_clear()
 
 
@@ -670,6 +718,35 @@ def test_repeat_calls_with_copies_read_the_new_operands(simulated_gpu, monkeypat
     copied = [r for r in fastpath._recipes.values() if type(r) is fastpath.Recipe]
     assert all((r.scratch is not None) == kernel_copies for r in copied)
     assert (SimulatedLaunch.copies > 0) == kernel_copies
+
+
+@pytest.mark.parametrize("dtype", [BF16, np.float16])
+def test_routed_16_bit_repeats_call_gemm_ex_directly(simulated_gpu, monkeypatch, dtype):
+    """A routed call of two C-contiguous 16-bit matrices repeats as cuBLAS's gemmEx itself
+    (fastpath.GemmRoute: C^T = B^T A^T in cuBLAS's column-major terms, fp32 compute, the
+    default algorithm), into a new result; with out, a view or a vector it stays
+    cupy.matmul."""
+    # Route every call that runs on the kernels (as where its copies cost more than
+    # cuBLAS reading the rows in place).
+    monkeypatch.setattr(api, "_copy_route_reason", lambda *args: "routed for the test")
+    planned = _count_plans(monkeypatch)
+    _FakeCublas.calls = []
+    m, n, k = 37, 130, 71
+    for call in range(3):
+        a, b = rand((m, k), dtype), rand((k, n), dtype)
+        got = hopmm.matmul(a, b)
+        assert got.shape == (m, n) and got.dtype == dtype
+        expect(a, b, got)
+    assert len(planned) == 1 and SimulatedLaunch.launches == 0
+    (route,) = fastpath._recipes.values()
+    assert type(route) is fastpath.GemmRoute
+    assert _FakeCublas.calls == [(n, m, k, fastpath.CUBLAS_COMPUTE_32F,
+                                  fastpath.CUBLAS_GEMM_DEFAULT)] * 2
+    for a, b, out in [(rand((k, m), dtype).T, rand((k, n), dtype), None),
+                      (rand((m, k), dtype), rand((k, n), dtype),
+                       fake(np.empty((m, n), dtype))),
+                      (rand((k,), dtype), rand((k, n), dtype), None)]:
+        assert fastpath.route_recipe(a, b, out) is fastpath.ROUTE
 
 
 def test_repeats_of_calls_routed_to_cupy_skip_planning(simulated_gpu, monkeypatch):

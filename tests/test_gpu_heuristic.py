@@ -154,6 +154,31 @@ def test_copy_route_only_where_cupy_matmul_computes_the_call(dtype, routed):
     assert float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref)) < TOL[dtype]
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k", [(102, 1074, 15336), (3797, 98, 3090), (155, 820, 9254)])
+def test_routed_repeats_are_cupy_matmul_bit_for_bit(dtype, m, n, k):
+    """Routed products of unaligned rows repeat through cuBLAS's gemmEx itself
+    (fastpath.GemmRoute): on new operands each time, on the default and on another stream,
+    the result is cupy.matmul's bit for bit."""
+    import cupy
+
+    import hopmm
+    from hopmm import fastpath
+
+    shapes = [(m, k), (k, n)]
+    assert hopmm.plan(rand(shapes[0], dtype), rand(shapes[1], dtype)).path == "cupy.matmul"
+    for stream in (cupy.cuda.Stream.null, cupy.cuda.Stream(non_blocking=True)):
+        with stream:
+            for _ in range(3):
+                a, b = rand(shapes[0], dtype), rand(shapes[1], dtype)
+                cupy.full((m, n), cupy.nan, dtype=dtype)   # poison the pool's block
+                got = hopmm.matmul(a, b)
+                ref = cupy.matmul(a, b)
+                assert bool((got.view(cupy.uint16) == ref.view(cupy.uint16)).all())
+        stream.synchronize()
+    assert type(fastpath.lookup(fastpath.key(a, b, None))) is fastpath.GemmRoute
+
+
 @pytest.mark.parametrize("layout", ["NN", "TN", "NT", "TT"])
 @pytest.mark.parametrize("m,n,k,tile", [(13248, 1472, 64, "128x256"), (8000, 4352, 40, "128x192"),
                                         (7000, 8192, 64, "64x256"),     # a large result

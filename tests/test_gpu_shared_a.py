@@ -88,6 +88,38 @@ def test_shared_a_kernel(m, n, k, ta, tb, activation):
         check_close(y, epilogue.activate(cupy, p, activation), dtype)
 
 
+# (m, n, k): products of at most 64 rows, which the forced schedules run on 64-row tiles (one
+# consumer): one row, 16, an edge inside the tile, 64; K below one k-block, K off 64, a long K.
+FEW_ROWS = [(1, 1000, 4160), (16, 384, 1000), (33, 136, 64), (64, 256, 3000)]
+
+
+@pytest.mark.parametrize("ta,tb", LAYOUTS)
+@pytest.mark.parametrize("m,n,k", FEW_ROWS)
+def test_few_rows_on_64_row_tiles(m, n, k, ta, tb):
+    from hopmm import epilogue, heuristics, layout
+    from hopmm import operands as kernel_operands
+    from hopmm.device import query
+    from hopmm.schedules import SwigluSchedule
+
+    import cupy
+
+    dtype = "bfloat16"
+    a, g = operands(m, n, k, dtype, ta, tb)
+    _, u = operands(m, n, k, dtype, ta, tb)
+    g *= k ** -0.5
+    u *= k ** -0.5
+    problem = kernel_operands.kernel_operands(a, g, layout.matmul_shapes(a.shape,
+                                                                         g.shape)).problem
+    choice = heuristics.dual_b_choice(SwigluSchedule, problem, query(cupy.cuda.Device().id))
+    assert choice.config.block_m == 64
+    p_gate, p_up = _f32_products(a, [g, u])
+    (y,) = _forced("swiglu", a, g, u)
+    check_close(y, _silu(p_gate) * p_up, dtype)
+    y0, y1 = _forced("shared_a", a, g, u, "relu")
+    check_close(y0, epilogue.activate(cupy, p_gate, "relu"), dtype)
+    check_close(y1, epilogue.activate(cupy, p_up, "relu"), dtype)
+
+
 @pytest.mark.parametrize("case", ["batched", "b_broadcast", "vector_a", "misaligned"])
 def test_kernels_on_batches_and_views(case):
     dt = "bfloat16"
@@ -132,12 +164,16 @@ def test_composed_calls(dtype):
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_unforced_swiglu_where_the_one_kernel_pays(dtype, monkeypatch):
     """Compute-bound rows: the heuristic takes the one kernel by itself."""
+    import cupy
+
     import hopmm
     from hopmm import shared_a
+    from hopmm.device import query
     from hopmm.schedules import SwigluSchedule
 
     m, n, k = 2048, 2560, 4096
-    assert hopmm.heuristics.dual_b_pays(SwigluSchedule, 1, m, n, k, 2)[0]
+    assert hopmm.heuristics.dual_b_pays(SwigluSchedule, hopmm.Problem(m, n, k, 1, dtype),
+                                        query(cupy.cuda.Device().id))[0]
     runs = []
     run_dual = shared_a._run_dual
     monkeypatch.setattr(shared_a, "_run_dual",
@@ -151,6 +187,43 @@ def test_unforced_swiglu_where_the_one_kernel_pays(dtype, monkeypatch):
     assert runs == [SwigluSchedule]
     p_gate, p_up = _f32_products(a, [g, u])
     check_close(y, _silu(p_gate) * p_up, dtype)
+
+
+@pytest.mark.parametrize("name", ["swiglu", "shared_a"])
+@pytest.mark.parametrize("m,n,k,tb", [(16, 14336, 4096, False), (1, 4096, 1000, True),
+                                      (50, 2304, 3000, False)])
+def test_few_rows_repeat_the_one_kernel_on_new_operands(name, m, n, k, tb, monkeypatch):
+    """Decode rows take the one kernel by themselves (heuristics.dual_b_pays); a repeat
+    launches the remembered launches (no new build) on new operands at other addresses, and
+    every result matches the fp32 products."""
+    import cupy
+
+    import hopmm
+    from hopmm import launch, shared_a
+    from hopmm.device import query
+    from hopmm.schedules import DUAL_B_SCHEDULES
+
+    sched = DUAL_B_SCHEDULES[name]
+    problem = hopmm.Problem(m, n, k, 1, "bfloat16")   # as shared_a._one_kernel asks
+    assert hopmm.heuristics.dual_b_pays(sched, problem, query(cupy.cuda.Device().id))[0]
+    builds = []
+    build = launch.build_launches
+    monkeypatch.setattr(launch, "build_launches",
+                        lambda *args, **kw: builds.append(1) or build(*args, **kw))
+    shared_a._dual_launches.clear()
+    for call in range(3):
+        a, g = operands(m, n, k, "bfloat16", False, tb)
+        _, u = operands(m, n, k, "bfloat16", False, tb)
+        g *= k ** -0.5
+        u *= k ** -0.5
+        p_gate, p_up = _f32_products(a, [g, u])
+        if name == "swiglu":
+            check_close(hopmm.swiglu(a, g, u), _silu(p_gate) * p_up, "bfloat16")
+        else:
+            y0, y1 = hopmm.matmul_shared_a(a, [g, u])
+            check_close(y0, p_gate, "bfloat16")
+            check_close(y1, p_up, "bfloat16")
+        assert len(builds) == 1 and len(shared_a._dual_launches) == 1
 
 
 def test_torch_in_and_out_on_a_side_stream():

@@ -40,6 +40,22 @@ def test_a_stage_holds_a_and_both_bs(name):
         replace(cfg, stages=4)).source
 
 
+@pytest.mark.parametrize("name", sorted(DUAL_B_SCHEDULES))
+@pytest.mark.parametrize("m,block_m", [(1, 64), (16, 64), (64, 64), (65, 128), (4096, 128)])
+def test_few_rows_take_the_64_row_tile(name, m, block_m):
+    """At most SHORT_TILE_MAX_M rows: one consumer on a 64-row tile computes no row past M and
+    puts twice the CTAs to streaming the Bs; its two sets fit that consumer's registers."""
+    from hopmm import heuristics
+    from hopmm.problem import Problem
+
+    sched = DUAL_B_SCHEDULES[name]
+    c = heuristics.dual_b_choice(sched, Problem(m, 14336, 4096, 1, "bfloat16"), H100_SXM)
+    assert (c.config.block_m, c.config.block_n) == (block_m, 128)
+    assert c.config.consumers == block_m // 64 and c.config.stages >= 4
+    assert sched.smem_bytes(c.config) <= H100_SXM.smem_per_block_optin
+    assert "1 warpgroup computes each" in sched.consumer_roles(c.config) or block_m == 128
+
+
 def test_swiglu_has_no_other_epilogue_and_shared_a_an_activation_only():
     with pytest.raises(ValueError, match="swiglu"):
         SwigluSchedule.render(replace(_config(SwigluSchedule), epilogue=EpilogueSpec("relu")))
@@ -128,37 +144,77 @@ def test_a_shared_a_schedule_is_forced_on_its_own_calls_only(simulated_gpu):
 
 # ---- the one kernel or the composed path: heuristics.dual_b_pays ----
 
-@pytest.mark.parametrize("sched, m, pays", [
-    (SwigluSchedule, 4096, True),      # compute-bound; two products' passes saved
-    (SwigluSchedule, 16, False),       # decode: B streams from DRAM
-    (SwigluSchedule, 256, False),      # just under the ridge point
-    (SharedASchedule, 4096, False),    # compute-bound, but only A's second read saved
-    (SharedASchedule, 256, False),
-])
-def test_one_kernel_where_compute_bound_and_the_saved_traffic_outweighs_its_tile(sched, m,
-                                                                                  pays):
-    got, why = hopmm.heuristics.dual_b_pays(sched, 1, m, 14336, 4096, 2)
+def _pays(sched, m, n, k, batch=1):
+    return hopmm.heuristics.dual_b_pays(sched, hopmm.Problem(m, n, k, batch, "bfloat16"),
+                                        H100_SXM)
+
+
+@pytest.mark.parametrize("sched, pays", [(SwigluSchedule, True), (SharedASchedule, False)])
+def test_compute_bound_products_weigh_the_saved_passes_against_the_tile(sched, pays):
+    """4096 rows: the dual 128 x 128 tile does a 128 x 256 tile's work at its speed; swiglu
+    saves two products' passes and the gating pass, matmul_shared_a only A's second read,
+    less than the plain schedules' better waves."""
+    from hopmm import heuristics
+
+    got, why = _pays(sched, 4096, 14336, 4096)
     assert got is pays and sched.name in why
+    problem = hopmm.Problem(4096, 14336, 4096, 1, "bfloat16")
+    assert heuristics.dual_b_choice(sched, problem, H100_SXM).config.block_m == 128
 
 
-def test_saved_traffic_and_intensity_move_the_choice_the_right_way():
-    pays = hopmm.heuristics.dual_b_pays
-    # More rows raise the intensity past the threshold; a batch scales both sides alike.
-    assert not pays(SwigluSchedule, 1, 512, 4096, 4096, 2)[0]
-    assert pays(SwigluSchedule, 1, 2048, 4096, 4096, 2)[0]
-    assert pays(SwigluSchedule, 8, 2048, 4096, 4096, 2)[0]
-    # Compute-bound but small: the host time of building the launch would set the pace.
-    small, why = pays(SwigluSchedule, 1, 1152, 1152, 1152, 2)
-    assert not small and "host time" in why
-    # Long K over wide outputs: the saved passes weigh less than the tile's deficit.
-    assert pays(SwigluSchedule, 1, 4096, 16384, 4096, 2)[0]
-    assert not pays(SwigluSchedule, 1, 4096, 16384, 1 << 16, 2)[0]
+@pytest.mark.parametrize("sched", [SwigluSchedule, SharedASchedule])
+@pytest.mark.parametrize("m", [1, 16, 64])
+def test_few_rows_over_many_columns_take_the_one_kernel(sched, m):
+    """Decode rows: both products stream their Bs from DRAM either way; the one kernel's 112
+    tiles of 64 x 128 stream both in one wave and save a launch, a tail (and swiglu's gating
+    pass)."""
+    from hopmm import heuristics
+
+    got, why = _pays(sched, m, 14336, 4096)
+    assert got and why.endswith("one kernel")
+    problem = hopmm.Problem(m, 14336, 4096, 1, "bfloat16")
+    assert heuristics.dual_b_choice(sched, problem, H100_SXM).config.block_m == 64
+    assert heuristics._dual_b_us(sched, problem, H100_SXM) < \
+        heuristics._composed_us(sched, problem, H100_SXM)
+
+
+@pytest.mark.parametrize("m,n,k", [(73, 2752, 13632), (103, 1280, 8384), (2, 1152, 14080)])
+def test_few_tiles_over_a_long_k_stay_composed(m, n, k):
+    """The one kernel cannot split K: 9-22 tiles walk every k-block alone, where the composed
+    products split K over the SMs (NOTES v0.48: 0.58-0.85 x the composed time)."""
+    for sched in DUAL_B_SCHEDULES.values():
+        got, why = _pays(sched, m, n, k)
+        assert not got and "composed" in why.rsplit(":", 1)[1]
+
+
+def test_small_products_are_paced_by_the_host():
+    """GPU time under the repeats' host time: the one kernel's one repeat beats the composed
+    path's two products and gating pass."""
+    from hopmm import heuristics
+
+    got, why = _pays(SwigluSchedule, 32, 1152, 1152)
+    assert got
+    assert f"composed {heuristics.COMPOSED_HOST_US['swiglu']:.1f} us" in why
+
+
+def test_more_rows_and_k_blocks_move_the_choice_the_right_way():
+    from hopmm import heuristics
+
+    # Many tiles: the one kernel; a batch scales both sides alike.
+    assert _pays(SwigluSchedule, 2048, 4096, 4096)[0]
+    assert _pays(SwigluSchedule, 2048, 4096, 4096, batch=8)[0]
+    # Few rows: a longer K over the same few tiles tips it to the composed splits.
+    p = [hopmm.Problem(48, 2048, k, 1, "bfloat16") for k in (2048, 32768)]
+    ratio = [heuristics._dual_b_us(SwigluSchedule, x, H100_SXM)
+             / heuristics._composed_us(SwigluSchedule, x, H100_SXM) for x in p]
+    assert ratio[1] > ratio[0]
+    assert not _pays(SwigluSchedule, 48, 2048, 32768)[0]
 
 
 def test_unforced_swiglu_takes_the_one_kernel_where_it_pays(simulated_gpu):
     m, n, k = 2048, 2560, 4096   # 4.7 ridge points, ~107 us of compute
     a, g, u = rand((m, k)), rand((k, n)), rand((k, n))
-    assert hopmm.heuristics.dual_b_pays(SwigluSchedule, 1, m, n, k, 2)[0]
+    assert _pays(SwigluSchedule, m, n, k)[0]
     y = hopmm.swiglu(a, g, u)
     assert SimulatedLaunch.launches == 1
     _close(y, _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
@@ -205,8 +261,9 @@ def test_swiglu(simulated_gpu, case, forced):
     y = hopmm.swiglu(a, g, u)
     _close(y, _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
     assert y.dtype == BF16
-    # The forced kernel computes both products and their gating in one launch.
-    assert SimulatedLaunch.launches == (1 if forced else 2)
+    # The one kernel computes both products and their gating in one launch: forced, or by
+    # itself on these small products, whose repeats the host paces (dual_b_pays).
+    assert SimulatedLaunch.launches == 1
 
 
 @pytest.mark.parametrize("forced", [False, True])
@@ -218,7 +275,7 @@ def test_shared_a_pair(simulated_gpu, case, forced):
     y0, y1 = hopmm.matmul_shared_a(a, [b0, b1], activation="gelu_tanh")
     for y, b in ((y0, b0), (y1, b1)):
         _close(y, epilogue.activate(np, _f32(a) @ _f32(b), "gelu_tanh"))
-    assert SimulatedLaunch.launches == (1 if forced else 2)
+    assert SimulatedLaunch.launches == 1
 
 
 def test_shared_a_with_three_bs_and_biases(simulated_gpu):
@@ -244,6 +301,7 @@ def test_repeated_calls_reuse_their_plans_and_still_validate(simulated_gpu, monk
     from hopmm import api, shared_a
 
     shared_a._plans.clear()
+    shared_a._dual_launches.clear()
     planned = []
     plan = api.plan
     monkeypatch.setattr(api, "plan", lambda *a, **k: planned.append(1) or plan(*a, **k))
@@ -251,23 +309,61 @@ def test_repeated_calls_reuse_their_plans_and_still_validate(simulated_gpu, monk
     ref = _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u))
     for _ in range(3):
         _close(hopmm.swiglu(a, g, u), ref)
-    assert len(planned) == 2                       # one plan per B, on the first call only
+    # One plan on the first call only: the Bs' layouts are one key, and the one kernel
+    # (dual_b_pays: a small product) runs both products.
+    assert len(planned) == 1 and len(shared_a._dual_launches) == 1
     hopmm.swiglu(a, rand((64, 128)), rand((64, 128)))   # new arrays, same layout: remembered
-    assert len(planned) == 2
+    assert len(planned) == 1
     hopmm.swiglu(a, rand((64, 136)), rand((64, 136)))   # new shapes: planned
-    assert len(planned) == 4
+    assert len(planned) == 2
     fastpath.clear()                               # as autotune does: choices may have moved
     hopmm.swiglu(a, g, u)
-    assert len(planned) == 6
+    assert len(planned) == 3
     with pytest.raises(ValueError, match="w_up"):
         hopmm.swiglu(a, g, rand((32, 128)))
     hopmm.use_schedule("swiglu")                   # a forced schedule plans again
     _close(hopmm.swiglu(a, g, u), ref)
-    assert len(planned) > 5 and SimulatedLaunch.launches >= 1
+    assert len(planned) > 3 and SimulatedLaunch.launches >= 1
     # Remembered plans hold no bias array.
     hopmm.use_schedule(None)
     hopmm.matmul_shared_a(a, [g, u], bias=[rand((128,)), None])
     assert all(p.epilogue is None for p in shared_a._plans.values())
+
+
+def test_repeats_launch_the_remembered_one_kernel_on_new_operands(simulated_gpu, monkeypatch):
+    """A repeat of the one kernel builds nothing: its remembered launches take the new
+    operands' and results' addresses (the stand-in reads them through the maps it was built
+    with). Operands it reads from copies are never remembered."""
+    from hopmm import launch, shared_a
+
+    shared_a._dual_launches.clear()
+    builds = []
+    build = launch.build_launches
+    monkeypatch.setattr(launch, "build_launches",
+                        lambda *a, **k: builds.append(1) or build(*a, **k))
+    for _ in range(3):
+        a, g, u = rand((16, 64)), rand((64, 128)), rand((64, 128))
+        _close(hopmm.swiglu(a, g, u), _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
+        y0, y1 = hopmm.matmul_shared_a(a, [g, u], activation="relu")
+        _close(y0, epilogue.activate(np, _f32(a) @ _f32(g), "relu"))
+        _close(y1, epilogue.activate(np, _f32(a) @ _f32(u), "relu"))
+    assert len(builds) == 2 and len(shared_a._dual_launches) == 2
+    # Bs whose rows start off 16 bytes are read from aligned copies: built on every call.
+    builds.clear()
+    for _ in range(2):
+        a = rand((16, 64))
+        g, u = rand((64, 130))[:, 1:129], rand((64, 130))[:, 1:129]
+        _close(hopmm.swiglu(a, g, u), _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
+    assert len(builds) == 2 and len(shared_a._dual_launches) == 2
+
+
+def test_products_the_model_composes_run_as_two(simulated_gpu):
+    """Few tiles over a long K: the composed path's two products, whose splits fill the SMs
+    (dual_b_pays), and the gating pass."""
+    a, g, u = rand((2, 14080)), rand((14080, 1152)), rand((14080, 1152))
+    assert not _pays(SwigluSchedule, 2, 1152, 14080)[0]
+    _close(hopmm.swiglu(a, g, u), _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
+    assert SimulatedLaunch.launches >= 2
 
 
 def test_bs_of_different_layouts_are_composed(simulated_gpu):

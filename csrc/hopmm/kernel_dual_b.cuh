@@ -21,8 +21,9 @@ struct DualBWgmmaConsumer {
     typedef WgmmaConsumer<Cfg> Single;
     typedef typename Single::Mma Mma;
     static_assert(S::kBOperands == 2, "a stage holds both B tiles");
-    static_assert(S::kConsumersShareTile && S::kRowBlocks == 1,
-                  "each consumer owns 64 rows of a shared tile: two 64 x N sets");
+    static_assert(S::kConsumerRows == S::kWgmmaM,
+                  "each consumer owns 64 rows (of a shared tile, or a 64-row tile alone): two "
+                  "64 x N sets");
     static constexpr int kAccRegs = Single::kAccRegs;
 
     // [product][row block][register]: acc[p] has the shape TmaStoreEpilogue::store takes.
