@@ -785,7 +785,8 @@ def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
 # than its repeat's host time back to back (DUAL_B_HOST_US, COMPOSED_HOST_US: the smallest
 # products' times), which paces small products. Checked on 88 products of 1-1024 rows of two
 # seeds (NOTES v0.48): its picks ran 0.99-1.0 x the faster path (geomean), where v0.21's rule
-# (one kernel only where compute-bound) left swiglu at 0.82 x torch.
+# (one kernel only where compute-bound) left swiglu at 0.82-0.95 x torch. The host times were
+# read on one host; hosts differ (v0.35), but both paths' alike.
 DUAL_B_HOST_US = {"shared_a": 28.0, "swiglu": 23.0}
 COMPOSED_HOST_US = {"shared_a": 31.0, "swiglu": 47.0}
 # swiglu's composed gating pass: both products read, the result written, at COPY_TBPS, after
@@ -807,9 +808,10 @@ def dual_b_pays(schedule, problem: Problem, device: DeviceInfo) -> tuple:
 
 
 def _dual_b_us(schedule, problem: Problem, device: DeviceInfo) -> float:
-    """The one kernel's time on its tiles (dual_b_choice), wave by wave: the plain tiles' model
-    of their height (FEW_ROWS_* on 64 rows, the unsplit 128 x 128 model's UNSPLIT_* on 128)
-    with a k-block of both products' wgmmas, twice the plain tile's."""
+    """The one kernel's time on its tiles (dual_b_choice), wave by wave, by the plain tiles'
+    model of their height with a k-block of both products' wgmmas: on 64 rows the few-row
+    model's (FEW_ROWS_*) at twice its k-block, on 128 the unsplit model's (UNSPLIT_*) at the
+    k-block of a tile twice as wide (NOTES v0.48)."""
     cfg = dual_b_choice(schedule, problem, device).config
     if cfg.block_m == WGMMA_M:
         kblock_us, load, dram_tbps, fixed_us = (2 * FEW_ROWS_KBLOCK_US, FEW_ROWS_LOAD,

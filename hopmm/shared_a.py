@@ -105,7 +105,8 @@ def matmul_shared_a(a, bs, *, bias=None, activation=None) -> list:
     names = [f"bs[{i}]" for i in range(len(bs))]
     checked = _check(fname, a, bs, names, biases, activation)
     out = [None] * len(bs)
-    # Pairs of Bs of one shape and layout go through the shared-A kernel where it is forced.
+    # Pairs of Bs of one shape and layout go through the shared-A kernel where it is forced
+    # or its model pays (_one_kernel).
     i = 0
     while i < len(bs):
         pair = (_one_kernel_results(SharedASchedule, a, bs[i], bs[i + 1], checked, i)

@@ -732,7 +732,7 @@ def test_routed_16_bit_repeats_call_gemm_ex_directly(simulated_gpu, monkeypatch,
     planned = _count_plans(monkeypatch)
     _FakeCublas.calls = []
     m, n, k = 37, 130, 71
-    for call in range(3):
+    for _ in range(3):
         a, b = rand((m, k), dtype), rand((k, n), dtype)
         got = hopmm.matmul(a, b)
         assert got.shape == (m, n) and got.dtype == dtype

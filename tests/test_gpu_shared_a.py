@@ -211,7 +211,7 @@ def test_few_rows_repeat_the_one_kernel_on_new_operands(name, m, n, k, tb, monke
     monkeypatch.setattr(launch, "build_launches",
                         lambda *args, **kw: builds.append(1) or build(*args, **kw))
     shared_a._dual_launches.clear()
-    for call in range(3):
+    for _ in range(3):
         a, g = operands(m, n, k, "bfloat16", False, tb)
         _, u = operands(m, n, k, "bfloat16", False, tb)
         g *= k ** -0.5
