@@ -316,9 +316,10 @@ _ONE_PTR = _ZERO_PTR = 0
 @dataclass(frozen=True)
 class GemmRoute:
     """RouteRecipe of a call of two C-contiguous 16-bit matrices into a new result: a repeat
-    calls cuBLAS's gemmEx itself, with the arguments cupy.matmul would pass (its result bit
-    for bit: tests/test_gpu_heuristic.py), without cupy.matmul's host path, which set the pace
-    of routed products of ~30 us on the GPU back to back (NOTES v0.47, v0.48).
+    calls cuBLAS's gemmEx itself, with the arguments cupy.matmul passes under CuPy's default
+    compute type (its result bit for bit: tests/test_gpu_heuristic.py), without cupy.matmul's
+    host path, which set the pace of routed products of ~30 us on the GPU back to back (NOTES
+    v0.47, v0.48).
     The row-major product C = A @ B is cuBLAS's column-major C^T = B^T @ A^T."""
     m: int
     n: int
