@@ -70,18 +70,36 @@ def _check(fname: str, a, bs: list, names: list, biases: list, activation) -> _C
     """api.plan of every product, or its remembered plan (ValueError / TypeError naming the
     argument)."""
     plans, keys = [], []
+    prev = None   # the previous B where its plan is remembered and it has no bias
     for b, name, bias in zip(bs, names, biases):
-        k = _plan_key(a, b, bias, activation)
-        p = _plans.get(k)
-        if p is None:
-            try:
-                p = replace(api.plan(a, b, bias=bias, activation=activation), epilogue=None)
-            except (TypeError, ValueError, AttributeError) as exc:
-                raise type(exc)(f"{fname}: {name}: {exc}") from exc
-            _plans.put(k, p)
+        if prev is not None and bias is None and _same_key_layout(b, prev):
+            k, p = keys[-1], plans[-1]   # its key, so its plan: a fused key's work saved
+        else:
+            k = _plan_key(a, b, bias, activation)
+            p = _plans.get(k)
+            if p is None:
+                try:
+                    p = replace(api.plan(a, b, bias=bias, activation=activation),
+                                epilogue=None)
+                except (TypeError, ValueError, AttributeError) as exc:
+                    raise type(exc)(f"{fname}: {name}: {exc}") from exc
+                _plans.put(k, p)
         plans.append(p)
         keys.append(k)
+        prev = b if k is not None and bias is None else None
     return _Checked(plans, activation, biases, keys)
+
+
+def _same_key_layout(b, prev) -> bool:
+    """Whether B `b` has the plan key of `prev`, a B whose key was made (a cupy array on the
+    current device): what fastpath.fused_key reads of a B, its type, shape, strides, dtype,
+    16-byte alignment and device, is the same."""
+    if (type(b) is not type(prev) or b.shape != prev.shape or b.strides != prev.strides
+            or b.dtype != prev.dtype):
+        return False
+    data, prev_data = b.data, prev.data
+    return (data.device_id == prev_data.device_id
+            and (data.ptr % layout.TMA_ALIGN == 0) == (prev_data.ptr % layout.TMA_ALIGN == 0))
 
 
 @interop.accepts_torch
@@ -214,13 +232,12 @@ def _run_dual(schedule, a, b0, b1, p: api.Plan, activation, results=None, key=No
 
     s = p.shapes
     if remembered is not None:
+        # The key holds A's device, the current one: the results are made there.
         launches, epilogue_ptrs = remembered
-        with a.device:
-            if results is None:
-                results = [cupy.empty(s.out_shape, dtype=p.dtype)
-                           for _ in range(schedule.outputs)]
-            launch.launch_all(launches, a.data.ptr, b0.data.ptr, results[0].data.ptr,
-                              b1.data.ptr, *[r.data.ptr for r in results[1:]], *epilogue_ptrs)
+        if results is None:
+            results = [cupy.empty(s.out_shape, dtype=p.dtype) for _ in range(schedule.outputs)]
+        launch.launch_all(launches, a.data.ptr, b0.data.ptr, results[0].data.ptr,
+                          b1.data.ptr, *[r.data.ptr for r in results[1:]], *epilogue_ptrs)
         return results
     chosen_at = fastpath.generation
     with a.device:

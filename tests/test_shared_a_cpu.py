@@ -330,6 +330,25 @@ def test_repeated_calls_reuse_their_plans_and_still_validate(simulated_gpu, monk
     assert all(p.epilogue is None for p in shared_a._plans.values())
 
 
+def test_a_second_b_of_the_same_layout_shares_the_first_ones_key(simulated_gpu):
+    """_check reuses a B's plan key for the next B where _same_key_layout says their keys
+    are equal: it must say so exactly where fastpath.fused_key's keys are."""
+    from hopmm import shared_a
+
+    a = rand((16, 64))
+    base = rand((64, 130))
+    first = base[:, :128]
+    others = [rand((64, 130))[:, :128],                       # same layout, another array
+              rand((64, 128)),                                # other strides
+              base[:, 1:129],                                 # off 16 bytes
+              fake(np.asarray(rand((64, 130))[:, :128], np.float16)),   # other dtype
+              rand((64, 120))]                                # other shape
+    for other in others:
+        same = shared_a._plan_key(a, first, None, None) == shared_a._plan_key(a, other, None, None)
+        assert shared_a._same_key_layout(other, first) is same
+    assert shared_a._same_key_layout(others[0], first)
+
+
 def test_repeats_launch_the_remembered_one_kernel_on_new_operands(simulated_gpu, monkeypatch):
     """A repeat of the one kernel builds nothing: its remembered launches take the new
     operands' and results' addresses (the stand-in reads them through the maps it was built
