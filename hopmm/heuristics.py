@@ -821,18 +821,11 @@ def _dual_b_us(schedule, problem: Problem, device: DeviceInfo) -> float:
         kblock_us, load, dram_tbps, fixed_us = (_unsplit_kblock_us(wide, TILE_SPEED[wide]),
                                                 UNSPLIT_LOAD, UNSPLIT_DRAM_TBPS,
                                                 UNSPLIT_EPILOGUE_US)
-    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    k_blocks = _k_blocks(problem)
     dram_us = (ELEM_BYTES * problem.batch
                * (problem.m * problem.k + 2 * problem.k * problem.n
                   + schedule.outputs * problem.m * problem.n) / (dram_tbps * 1e6))
-
-    def wave_us(count: int) -> float:
-        return max(k_blocks * kblock_us * (1 + load * count / device.sm_count),
-                   dram_us * count / tiles)
-
-    full, last = divmod(tiles, device.sm_count)
-    return full * wave_us(device.sm_count) + (wave_us(last) if last else 0.0) + fixed_us
+    return _waves_us(_tiles(problem, cfg.block_m, cfg.block_n), device.sm_count,
+                     _k_blocks(problem), kblock_us, load, dram_us, 1, device) + fixed_us
 
 
 def _composed_us(schedule, problem: Problem, device: DeviceInfo) -> float:
@@ -1832,13 +1825,21 @@ def _persistent_us(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfi
     kblock_us = _unsplit_kblock_us(shape, speed)
     blocks = _k_blocks(problem) + (0 if overlapped else EXPOSED_EPILOGUE_K_BLOCKS)
     dram_us = _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6)
+    return (_waves_us(units, workers, blocks, kblock_us, UNSPLIT_LOAD, dram_us,
+                      sched.cluster_size, device) + UNSPLIT_EPILOGUE_US)
 
+
+def _waves_us(units: int, workers: int, k_blocks: float, kblock_us: float, load: float,
+              dram_us: float, ctas_per_unit: int, device: DeviceInfo) -> float:
+    """`units` (tiles, or a cluster's tiles) of `k_blocks` each, `workers` at once, wave by
+    wave: each wave the longer of a unit's k-blocks, each slower by `load` x the share of the
+    SMs busy (`ctas_per_unit` a unit), and the wave's share of `dram_us`."""
     def wave_us(count: int) -> float:
-        busy = count * sched.cluster_size / device.sm_count
-        return max(blocks * kblock_us * (1 + UNSPLIT_LOAD * busy), dram_us * count / units)
+        busy = count * ctas_per_unit / device.sm_count
+        return max(k_blocks * kblock_us * (1 + load * busy), dram_us * count / units)
 
     full, last = divmod(units, workers)
-    return full * wave_us(workers) + (wave_us(last) if last else 0.0) + UNSPLIT_EPILOGUE_US
+    return full * wave_us(workers) + (wave_us(last) if last else 0.0)
 
 
 # Stream-K in lanes (StreamKSchedule): every CTA an equal share of its lane's k-blocks. Its
