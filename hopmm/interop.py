@@ -19,8 +19,9 @@ Decisions:
   backward, and a result silently cut from the autograd graph would train wrong. Under
   `torch.no_grad()` or `torch.inference_mode()` such tensors are read through `.detach()`.
 - A repeated call reads torch.Tensor and torch.nn.Parameter operands (a model's weights and
-  biases) straight through their pointers (_direct_repeat); other Tensor subclasses, which may
-  dispatch elsewhere, are converted through DLPack on every call.
+  biases) straight through their pointers (_direct_repeat; shared_a's one-kernel repeats);
+  other Tensor subclasses, which may dispatch elsewhere, are converted through DLPack on every
+  call.
 """
 from __future__ import annotations
 
@@ -73,13 +74,24 @@ def _flat(values) -> list:
     return out
 
 
-def accepts_torch(func):
+def accepts_torch(func=None, *, repeat=None, remember=None):
     """`func` taking cupy arrays (also in list or tuple arguments), made to take torch
-    tensors as well (see the module)."""
+    tensors as well (see the module). `repeat(*args, **kwargs)`, where given, is asked first
+    on a call with torch tensors: its result, or None for the full path; `remember(args,
+    kwargs, cupy_args, cupy_kwargs, cupy_result)` is told of each call the full path ran (so
+    that a repeat can find it)."""
+    if func is None:
+        return functools.partial(accepts_torch, repeat=repeat, remember=remember)
+
     @functools.wraps(func)
     def wrapper(*args, **kwargs):
         if has_tensor(_flat(args)) or has_tensor(_flat(kwargs.values())):
-            return call_with_tensors(func, args, kwargs)
+            if repeat is not None:
+                result = repeat(*args, **kwargs)
+                if result is not None:
+                    return result
+            after = None if remember is None else functools.partial(remember, args, kwargs)
+            return call_with_tensors(func, args, kwargs, after=after)
         return func(*args, **kwargs)
 
     return wrapper

@@ -20,6 +20,7 @@ Every argument is validated, for every B, before anything is launched.
 from __future__ import annotations
 
 import functools
+import sys
 from dataclasses import dataclass, replace
 
 from . import api, device as device_mod, epilogue as epilogue_mod, fastpath, heuristics
@@ -55,6 +56,10 @@ _plans = fastpath.Remembered(MAX_PLANS)
 # both products' plan keys: a repeat allocates its results and launches, where building the
 # tensor maps and launches again cost the host ~200 us a call (NOTES v0.48).
 _dual_launches = fastpath.Remembered(MAX_PLANS)
+# Torch calls of the one kernel that repeat from the tensors' pointers on torch's current
+# stream, without DLPack, which cost ~100 us of a 120 us call at decode sizes (NOTES v0.48):
+# _torch_dual_key -> (launches, epilogue pointers, the results' shape).
+_torch_dual = fastpath.Remembered(MAX_PLANS)
 
 
 def _plan_key(a, b, bias, activation):
@@ -102,7 +107,74 @@ def _same_key_layout(b, prev) -> bool:
             and (data.ptr % layout.TMA_ALIGN == 0) == (prev_data.ptr % layout.TMA_ALIGN == 0))
 
 
-@interop.accepts_torch
+def _torch_dual_key(schedule, a, b0, b1, activation):
+    """What the remembered launches of a one-kernel call of torch operands depend on: each B's
+    interop._tensor_key with A (shapes, strides, dtypes, alignment, the current device), the
+    schedule, the activation, a forced schedule and HOPMM_STRICT. None where such a call is
+    not repeated from its pointers."""
+    if not (activation is None or type(activation) is str):
+        return None
+    k0 = interop._tensor_key(a, b0, None)
+    k1 = None if k0 is None else interop._tensor_key(a, b1, None)
+    if k1 is None:
+        return None
+    return schedule.name, k0, k1, activation, api._schedule_override, fastpath.strict()
+
+
+def _torch_dual_repeat(schedule, a, b0, b1, activation) -> list | None:
+    """The results (torch tensors) of a torch call through the one kernel's remembered
+    launches, on the current torch stream; None where the call takes the full path."""
+    k = _torch_dual_key(schedule, a, b0, b1, activation)
+    entry = _torch_dual.get(k)
+    if entry is None:
+        return None
+    launches, epilogue_ptrs, out_shape = entry
+    torch = sys.modules["torch"]
+    device = k[1][interop.TENSOR_KEY_DEVICE]
+    results = [interop._empty(torch, out_shape, a.dtype, device)
+               for _ in range(schedule.outputs)]
+    launch.launch_all(launches, a.data_ptr(), b0.data_ptr(), results[0].data_ptr(),
+                      b1.data_ptr(), *[r.data_ptr() for r in results[1:]], *epilogue_ptrs,
+                      stream=interop._raw_stream(torch, device))
+    return results
+
+
+def _remember_torch_dual(schedule, tensors: tuple, arrays: tuple, activation, result) -> None:
+    """After a torch call ran through DLPack views (`arrays` of `tensors`: A, B0, B1): where
+    its one-kernel launches were remembered for the views, remember them for the tensors."""
+    entry = _dual_launches.get((schedule.name,
+                                *[_plan_key(arrays[0], b, None, activation)
+                                  for b in arrays[1:]]))
+    if entry is None:
+        return
+    k = _torch_dual_key(schedule, *tensors, activation)
+    if k is not None:
+        _torch_dual.put(k, (*entry, result.shape))
+
+
+def _pair_operands(a, bs, *, bias=None, activation=None):
+    return a, bs, bias, activation
+
+
+def _pair_torch_repeat(*args, **kwargs):
+    try:
+        a, bs, bias, activation = _pair_operands(*args, **kwargs)
+    except TypeError:   # a wrong call: the full path says what is wrong with it
+        return None
+    if bias is not None or not isinstance(bs, (list, tuple)) or len(bs) != 2:
+        return None
+    return _torch_dual_repeat(SharedASchedule, a, bs[0], bs[1], activation)
+
+
+def _pair_torch_remember(args, kwargs, cupy_args, cupy_kwargs, result) -> None:
+    a, bs, bias, activation = _pair_operands(*args, **kwargs)
+    cupy_a, cupy_bs, _, _ = _pair_operands(*cupy_args, **cupy_kwargs)
+    if bias is None and isinstance(bs, (list, tuple)) and len(bs) == 2:
+        _remember_torch_dual(SharedASchedule, (a, *bs), (cupy_a, *cupy_bs), activation,
+                             result[0])
+
+
+@interop.accepts_torch(repeat=_pair_torch_repeat, remember=_pair_torch_remember)
 def matmul_shared_a(a, bs, *, bias=None, activation=None) -> list:
     """[activation(a @ b + bias_i) for b, bias_i in zip(bs, bias)]: several products of one
     `a` (cupy arrays, or CUDA torch tensors for torch results). `bs`: a list or tuple of
@@ -138,7 +210,25 @@ def matmul_shared_a(a, bs, *, bias=None, activation=None) -> list:
     return out
 
 
-@interop.accepts_torch
+def _swiglu_operands(a, w_gate, w_up):
+    return a, w_gate, w_up
+
+
+def _swiglu_torch_repeat(*args, **kwargs):
+    try:
+        operands_ = _swiglu_operands(*args, **kwargs)
+    except TypeError:   # a wrong call: the full path says what is wrong with it
+        return None
+    results = _torch_dual_repeat(SwigluSchedule, *operands_, None)
+    return None if results is None else results[0]
+
+
+def _swiglu_torch_remember(args, kwargs, cupy_args, cupy_kwargs, result) -> None:
+    _remember_torch_dual(SwigluSchedule, _swiglu_operands(*args, **kwargs),
+                         _swiglu_operands(*cupy_args, **cupy_kwargs), None, result)
+
+
+@interop.accepts_torch(repeat=_swiglu_torch_repeat, remember=_swiglu_torch_remember)
 def swiglu(a, w_gate, w_up):
     """silu(a @ w_gate) * (a @ w_up), silu(x) = x * sigmoid(x): the gated unit of an LLM MLP
     (cupy arrays, or CUDA torch tensors for a torch result). `w_gate` and `w_up` have one

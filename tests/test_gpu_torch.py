@@ -306,3 +306,42 @@ def test_parameters_repeat_without_dlpack_under_no_grad(inference, monkeypatch):
         hopmm.matmul(x, w)
     with pytest.raises(ValueError, match="bias requires grad"):
         hopmm.matmul(x, w.detach(), bias=bias, activation="relu")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("m,n,k", [(16, 2048, 1024), (1, 4096, 1000)])
+def test_one_kernel_repeats_launch_without_dlpack_on_a_side_stream(m, n, k, dtype,
+                                                                   monkeypatch):
+    """swiglu and matmul_shared_a of decode rows with torch operands (the one kernel): a
+    repeat launches the remembered launches straight from the tensors' pointers on the
+    current torch stream, new activations each call, weights as `w.T`."""
+    import hopmm
+    from hopmm import interop
+
+    wg, wu = rand((n, k), dtype) * k ** -0.5, rand((n, k), dtype) * k ** -0.5
+    g, u = wg.T, wu.T   # nn.Linear's weights: K-major Bs
+    stream = torch.cuda.Stream()
+
+    def close(got, ref):
+        assert isinstance(got, torch.Tensor) and got.dtype == DTYPES[dtype]
+        assert not torch.isnan(got).any()
+        err = torch.linalg.norm(got.float() - ref) / torch.linalg.norm(ref)
+        assert float(err) < TOL[dtype]
+
+    def run_and_check(a):
+        gate, up = torch.matmul(a.float(), g.float()), torch.matmul(a.float(), u.float())
+        close(hopmm.swiglu(a, g, u), torch.nn.functional.silu(gate) * up)
+        y0, y1 = hopmm.matmul_shared_a(a, [g, u])
+        close(y0, gate)
+        close(y1, up)
+
+    with torch.cuda.stream(stream):
+        run_and_check(rand((m, k), dtype))
+
+        def no_conversion(*args, **kwargs):
+            raise AssertionError("a repeat went through DLPack")
+
+        monkeypatch.setattr(interop, "call_with_tensors", no_conversion)
+        for _ in range(3):
+            run_and_check(rand((m, k), dtype))
+    stream.synchronize()

@@ -14,8 +14,8 @@ import pytest
 
 import hopmm
 from hopmm import epilogue, fastpath, interop
-from test_cpu_simulated_launch import (BF16, FakeArray, _Device, rand,  # noqa: F401
-                                       simulated_gpu)
+from test_cpu_simulated_launch import (BF16, FakeArray, SimulatedLaunch, _Device,  # noqa: F401
+                                       rand, simulated_gpu)
 
 
 class FakeTensor:
@@ -277,3 +277,51 @@ def test_other_tensor_subclasses_are_converted_on_every_call(torch_on_simulated_
     for _ in range(2):
         _close(hopmm.matmul(a, w), _f32(a) @ _f32(w))
     assert len(converted) == 4
+
+
+# ---- swiglu and matmul_shared_a: the one kernel's launches from the tensors' pointers ----
+
+def test_one_kernel_calls_repeat_straight_from_the_tensors(torch_on_simulated_gpu):
+    """A torch swiglu or matmul_shared_a call of the one kernel (a small product:
+    heuristics.dual_b_pays) repeats its launches from the tensors' pointers: nothing is
+    converted after the first call, results are torch tensors and right."""
+    from hopmm import shared_a
+
+    converted = torch_on_simulated_gpu
+    shared_a._torch_dual.clear()
+    launches = []
+    for i in range(3):
+        a, g, u = tensor((16, 64)), tensor((64, 128)), tensor((64, 128))
+        y = hopmm.swiglu(a, g, u)
+        assert isinstance(y, FakeTensor)
+        _close(y, epilogue.activate(np, _f32(a) @ _f32(g), "silu") * (_f32(a) @ _f32(u)))
+        y0, y1 = hopmm.matmul_shared_a(a, [g, u], activation="relu")
+        _close(y0, epilogue.activate(np, _f32(a) @ _f32(g), "relu"))
+        _close(y1, epilogue.activate(np, _f32(a) @ _f32(u), "relu"))
+        launches.append(SimulatedLaunch.launches)
+    assert len(converted) == 6          # the first swiglu's and the first pair's operands
+    assert len(shared_a._torch_dual) == 2
+    assert launches == [2, 4, 6]        # one kernel per call
+
+
+def test_one_kernel_torch_repeats_follow_the_forced_schedule(torch_on_simulated_gpu):
+    """The key holds a forced schedule: forcing another one takes the full path (composed,
+    two launches) instead of the remembered one kernel."""
+    converted = torch_on_simulated_gpu
+    a, g, u = tensor((16, 64)), tensor((64, 128)), tensor((64, 128))
+    hopmm.swiglu(a, g, u)
+    hopmm.swiglu(a, g, u)
+    assert len(converted) == 3
+    hopmm.use_schedule("persistent")
+    SimulatedLaunch.launches = 0
+    y = hopmm.swiglu(a, g, u)
+    assert len(converted) == 6 and SimulatedLaunch.launches == 2
+    _close(y, epilogue.activate(np, _f32(a) @ _f32(g), "silu") * (_f32(a) @ _f32(u)))
+
+
+def test_wrong_one_kernel_calls_still_raise_their_own_errors(torch_on_simulated_gpu):
+    a, g = tensor((16, 64)), tensor((64, 128))
+    with pytest.raises(TypeError, match="w_up"):
+        hopmm.swiglu(a, g)
+    with pytest.raises(ValueError, match="bias"):
+        hopmm.matmul_shared_a(a, [g, g], bias=[None])
