@@ -16,6 +16,7 @@ number of distinct shapes without a limit, so a long-running process stays flat 
 | interop._direct (torch calls' launches) | tensors' shapes/strides/dtypes, device | MAX_RECIPES, then cleared |
 | shared_a._plans | a product's fastpath key, forced schedule | MAX_PLANS, then cleared |
 | shared_a._dual_launches | both products' plan keys, the one-kernel schedule | MAX_PLANS, then cleared |
+| shared_a._composed (pairs the model composed) | the same | MAX_PLANS, then cleared |
 | shared_a._torch_dual (torch calls' one-kernel launches) | tensors' keys, schedule, activation | MAX_PLANS, then cleared |
 | heuristics.dual_b_pays (lru_cache) | dual-B schedule, problem | 4096 entries |
 | shared_a._gated_product (lru_cache) | nothing: one elementwise kernel | 1 |
@@ -43,6 +44,7 @@ def sizes() -> dict:
         "interop.direct": len(interop._direct),
         "shared_a.plans": len(shared_a._plans),
         "shared_a.dual_launches": len(shared_a._dual_launches),
+        "shared_a.composed": len(shared_a._composed),
         "shared_a.torch_dual": len(shared_a._torch_dual),
         "heuristics.dual_b_pays": heuristics.dual_b_pays.cache_info().currsize,
     }
@@ -60,6 +62,7 @@ def bounds() -> dict:
         "interop.direct": fastpath.MAX_RECIPES,
         "shared_a.plans": shared_a.MAX_PLANS,
         "shared_a.dual_launches": shared_a.MAX_PLANS,
+        "shared_a.composed": shared_a.MAX_PLANS,
         "shared_a.torch_dual": shared_a.MAX_PLANS,
         "heuristics.dual_b_pays": heuristics.dual_b_pays.cache_info().maxsize,
     }

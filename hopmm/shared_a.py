@@ -56,6 +56,9 @@ _plans = fastpath.Remembered(MAX_PLANS)
 # both products' plan keys: a repeat allocates its results and launches, where building the
 # tensor maps and launches again cost the host ~200 us a call (NOTES v0.48).
 _dual_launches = fastpath.Remembered(MAX_PLANS)
+# Keys (_dual_key) of recent calls whose products _one_kernel composed: a repeat does not ask
+# it again, whose checks and model cost a composed call's host ~4 us (NOTES v0.49).
+_composed = fastpath.Remembered(MAX_PLANS)
 # Torch calls of the one kernel that repeat from the tensors' pointers on torch's current
 # stream, without DLPack, which cost ~100 us of a 120 us call at decode sizes (NOTES v0.48):
 # _torch_dual_key -> (launches, epilogue pointers, the results' shape).
@@ -292,12 +295,17 @@ def _one_kernel(schedule, a, b0, b1, checked: _Checked, first: int) -> bool:
 
 def _one_kernel_results(schedule, a, b0, b1, checked: _Checked, first: int) -> list | None:
     """Products `first` and `first + 1` on the one kernel `schedule` (its results), or None
-    where they are composed. Launches remembered for the call's key are repeated without
-    asking _one_kernel again: the key holds everything its answer depends on."""
+    where they are composed. Launches remembered for the call's key are repeated, and a key
+    remembered as composed is composed, without asking _one_kernel again: the key holds
+    everything its answer depends on."""
     key = _dual_key(schedule, checked, first)
     remembered = _dual_launches.get(key)
-    if remembered is None and not _one_kernel(schedule, a, b0, b1, checked, first):
-        return None
+    if remembered is None:
+        if _composed.get(key) is not None:
+            return None
+        if not _one_kernel(schedule, a, b0, b1, checked, first):
+            _composed.put(key, True)
+            return None
     return _run_dual(schedule, a, b0, b1, checked.plans[first], checked.activation,
                      key=key, remembered=remembered)
 

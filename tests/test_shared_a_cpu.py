@@ -385,6 +385,43 @@ def test_products_the_model_composes_run_as_two(simulated_gpu):
     assert SimulatedLaunch.launches >= 2
 
 
+def test_a_composed_repeat_does_not_ask_the_model_again(simulated_gpu, monkeypatch):
+    """A pair the model composed is remembered as composed under its key: its repeats (new
+    arrays of the same layout) skip _one_kernel and stay right; a new layout, a forced
+    schedule or fastpath.clear() ask again."""
+    from hopmm import shared_a
+
+    shared_a._composed.clear()
+    asked = []
+    one_kernel = shared_a._one_kernel
+    monkeypatch.setattr(shared_a, "_one_kernel",
+                        lambda *a, **k: asked.append(1) or one_kernel(*a, **k))
+
+    def operands(n=1152):
+        return rand((2, 14080)), rand((14080, n)), rand((14080, n))
+
+    for _ in range(3):   # few tiles over a long K: composed (as the test above)
+        a, g, u = operands()
+        _close(hopmm.swiglu(a, g, u), _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
+        y0, y1 = hopmm.matmul_shared_a(a, [g, u])
+        _close(y0, _f32(a) @ _f32(g))
+        _close(y1, _f32(a) @ _f32(u))
+    assert len(asked) == 2 and len(shared_a._composed) == 2
+    hopmm.swiglu(*operands(1024))                  # another layout
+    assert len(asked) == 3
+    fastpath.clear()                               # choices may have moved
+    hopmm.swiglu(*operands())
+    assert len(asked) == 4
+    hopmm.use_schedule("swiglu")                   # forced: one kernel, not the memo
+    try:
+        SimulatedLaunch.launches = 0
+        a, g, u = operands()
+        _close(hopmm.swiglu(a, g, u), _silu(_f32(a) @ _f32(g)) * (_f32(a) @ _f32(u)))
+        assert len(asked) == 5 and SimulatedLaunch.launches == 1
+    finally:
+        hopmm.use_schedule(None)
+
+
 def test_bs_of_different_layouts_are_composed(simulated_gpu):
     a = rand((64, 64))
     b0, b1 = rand((64, 128)), rand((128, 64)).T
