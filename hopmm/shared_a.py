@@ -57,7 +57,7 @@ _plans = fastpath.Remembered(MAX_PLANS)
 # tensor maps and launches again cost the host ~200 us a call (NOTES v0.48).
 _dual_launches = fastpath.Remembered(MAX_PLANS)
 # Keys (_dual_key) of recent calls whose products _one_kernel composed: a repeat does not ask
-# it again, whose checks and model cost a composed call's host ~4 us (NOTES v0.49).
+# it again, whose checks and model cost a composed call's host ~12 us (NOTES v0.49).
 _composed = fastpath.Remembered(MAX_PLANS)
 # Torch calls of the one kernel that repeat from the tensors' pointers on torch's current
 # stream, without DLPack, which cost ~100 us of a 120 us call at decode sizes (NOTES v0.48):
