@@ -156,25 +156,26 @@ def _remember_torch_dual(schedule, tensors: tuple, arrays: tuple, activation, re
 
 
 def _pair_operands(a, bs, *, bias=None, activation=None):
-    return a, bs, bias, activation
+    """(a, b0, b1, activation) of a matmul_shared_a call the one kernel may repeat (two Bs, no
+    bias); None for other calls."""
+    if bias is not None or not isinstance(bs, (list, tuple)) or len(bs) != 2:
+        return None
+    return a, bs[0], bs[1], activation
 
 
 def _pair_torch_repeat(*args, **kwargs):
     try:
-        a, bs, bias, activation = _pair_operands(*args, **kwargs)
+        pair = _pair_operands(*args, **kwargs)
     except TypeError:   # a wrong call: the full path says what is wrong with it
         return None
-    if bias is not None or not isinstance(bs, (list, tuple)) or len(bs) != 2:
-        return None
-    return _torch_dual_repeat(SharedASchedule, a, bs[0], bs[1], activation)
+    return None if pair is None else _torch_dual_repeat(SharedASchedule, *pair)
 
 
 def _pair_torch_remember(args, kwargs, cupy_args, cupy_kwargs, result) -> None:
-    a, bs, bias, activation = _pair_operands(*args, **kwargs)
-    cupy_a, cupy_bs, _, _ = _pair_operands(*cupy_args, **cupy_kwargs)
-    if bias is None and isinstance(bs, (list, tuple)) and len(bs) == 2:
-        _remember_torch_dual(SharedASchedule, (a, *bs), (cupy_a, *cupy_bs), activation,
-                             result[0])
+    pair = _pair_operands(*args, **kwargs)
+    if pair is not None:
+        _remember_torch_dual(SharedASchedule, pair[:3],
+                             _pair_operands(*cupy_args, **cupy_kwargs)[:3], pair[3], result[0])
 
 
 @interop.accepts_torch(repeat=_pair_torch_repeat, remember=_pair_torch_remember)
