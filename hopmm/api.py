@@ -165,8 +165,9 @@ def _phased_bytes(a, b, shapes: layout.MatmulShapes, dev: device_mod.DeviceInfo)
     if not (a_pitch or b_pitch):
         return 0
     problem = _copied_problem(a, b, shapes)
-    phased = heuristics.phased_choice(heuristics.choose(problem, dev), a_pitch, b_pitch,
-                                      problem, dev, _row_alignment(a, b, shapes))
+    choice = heuristics.phaseable(heuristics.choose(problem, dev))
+    phased = heuristics.phased_choice(choice, a_pitch, b_pitch, problem, dev,
+                                      _row_alignment(a, b, shapes))
     if phased is None:
         return 0
     cfg = phased.config
@@ -402,8 +403,9 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
         choice = heuristics.row_store_choice(choice, ops.problem, dev,
                                              forced=forced is not None) or choice
     if ops.a_pitch_mod8 or ops.b_pitch_mod8:   # left where they lie: phase maps, or copies
-        phased = heuristics.phased_choice(choice, ops.a_pitch_mod8, ops.b_pitch_mod8,
-                                          ops.problem, dev, _row_alignment(a, b, shapes),
+        phased = heuristics.phased_choice(heuristics.phaseable(choice), ops.a_pitch_mod8,
+                                          ops.b_pitch_mod8, ops.problem, dev,
+                                          _row_alignment(a, b, shapes),
                                           keep_tile=forced is not None or tuned is not None)
         ops = operands.with_copied(ops, "" if phased is None else
                                    heuristics.phased_operands(phased.config))

@@ -160,6 +160,9 @@ class Choice:
     # The tiles past the last whole wave, run after this choice's kernel as a problem of their
     # own (wave_tail_choice); this choice then covers the rest of the problem only.
     tail: Tail | None = None
+    # The persistent kernel's choice a sub-wave stream-K choice displaced (_sub_wave_stream_k):
+    # what operands read in place through phase maps, which stream-K lacks, run on (phaseable).
+    instead: Choice | None = None
 
 
 @dataclass(frozen=True)
@@ -177,8 +180,10 @@ class Tail:
 
 
 def with_epilogue(choice: Choice, spec) -> Choice:
-    """`choice` with the fused epilogue `spec` in its config, and in its tail's."""
-    out = replace(choice, config=replace(choice.config, epilogue=spec))
+    """`choice` with the fused epilogue `spec` in its config, and in its tail's and the choice
+    it displaced."""
+    out = replace(choice, config=replace(choice.config, epilogue=spec),
+                  instead=choice.instead and with_epilogue(choice.instead, spec))
     if choice.tail is None:
         return out
     tail = replace(choice.tail, choice=with_epilogue(choice.tail.choice, spec),
@@ -1121,7 +1126,12 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     config with the row store where that fits; else, unless the schedule was `forced`, the
     same tile on the single-set kernel (SINGLE_SET_OF_OVERLAP); None where neither (split-K,
     gemv: the result goes through an aligned buffer). A choice with a tail keeps it where
-    both parts store their rows, else falls back to its whole choice."""
+    both parts store their rows, else falls back to its whole choice; the choice a sub-wave
+    stream-K choice displaced stores its rows too."""
+    if choice.instead is not None:
+        own = row_store_choice(replace(choice, instead=None), problem, device, forced)
+        return own and replace(own, instead=row_store_choice(choice.instead, problem, device,
+                                                             forced))
     if choice.tail is not None:
         main_p, tail_p = choice.tail.problems(problem)
         main = row_store_choice(replace(choice, tail=None), main_p, device, forced)
@@ -1327,7 +1337,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     second kernel (wave_tail_choice)."""
     choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
     if schedule is None:
-        return wave_tail_choice(choice, problem, device, epilogue, epilogue_reads) or choice
+        return (wave_tail_choice(choice, problem, device, epilogue, epilogue_reads)
+                or _sub_wave_stream_k(choice, problem, device) or choice)
     return choice
 
 
@@ -1851,12 +1862,22 @@ def _waves_us(units: int, workers: int, k_blocks: float, kblock_us: float, load:
 # L2 for different lines, where a wave of whole tiles asks for each line from many SMs at
 # once and is served faster. DRAM: the lanes' own operand once (it must fit L2:
 # STREAM_K_L2_BYTES), the operand they share once where it fits L2 too, else once a lane.
-# The heuristic never takes it unforced (its picks ran 0.73-1.07 x the other choice, 8 of 10
-# slower; NOTES v0.32): it is forced (use_schedule) or autotuned.
+# Unforced, the heuristic takes it only over sub-wave grids of 128-row tiles (_sub_wave_stream_k):
+# elsewhere its model's picks ran 0.73-1.07 x the other choice, 8 of 10 slower (NOTES v0.32).
 STREAM_K_KBLOCK_SCALE = 1.4
 STREAM_K_L2_TBPS = 7.0
 STREAM_K_PIECE_US = 1.0
 STREAM_K_L2_BYTES = 24 << 20
+# A grid of fewer 128-row tiles than SMs over a long K leaves SMs idle, and each busy CTA waits
+# on its own panel of the operand streamed from DRAM (A on tall products; the other stays in
+# L2): such picks ran 1.05-1.33 x their wave model (NOTES v0.50). There stream-K puts every SM
+# to the stream, and is taken where its model is not slower than the pick's, with at least
+# STREAM_K_MIN_K_BLOCKS k-blocks (shorter main loops pay the pieces and the owner's wait) and at
+# most STREAM_K_MAX_CTAS_PER_TILE CTAs a tile (more pieces than its model counts). A choice that
+# splits off a wave tail (wave_tail_choice) keeps it, and a tail's own choice is not asked
+# (neither measured).
+STREAM_K_MIN_K_BLOCKS = 128
+STREAM_K_MAX_CTAS_PER_TILE = 4
 
 
 def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
@@ -1928,6 +1949,42 @@ def _stream_k_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
         return (own > STREAM_K_L2_BYTES, _choice_us(choice, problem, device))
 
     return min(stream_k_choices(problem, device), key=key, default=None)
+
+
+def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
+    """Stream-K instead of `pick` (an unforced choice on one kernel, where no wave tail was
+    split off) where the rule above takes it; else None."""
+    cfg = pick.config
+    if pick.schedule not in TAIL_MAIN_SCHEDULES or cfg.block_m != BLOCK_M:
+        return None
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n) * problem.batch
+    if tiles >= device.sm_count or _k_blocks(problem) < STREAM_K_MIN_K_BLOCKS:
+        return None
+    stream = _stream_k_choice(problem, device)
+    if stream is None:
+        return None
+    group = stream.raster_group
+    lane_tiles = StreamKSchedule.lane_tiles(problem, stream.config, group) * problem.batch
+    per_lane = stream.splits // StreamKSchedule.lanes(problem, stream.config, group)
+    if _lane_operand_bytes(problem, stream.config, group) > STREAM_K_L2_BYTES \
+            or per_lane > STREAM_K_MAX_CTAS_PER_TILE * lane_tiles:
+        return None
+    pick_us = _choice_us(pick, problem, device)
+    stream_us = _choice_us(stream, problem, device)
+    if stream_us > pick_us:
+        return None
+    streamed = "A" if StreamKSchedule.lanes_are_columns(problem, stream.config, group) else "B"
+    why = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} would leave {device.sm_count - tiles} "
+           f"of {device.sm_count} SMs idle over {_k_blocks(problem)} k-blocks, each busy CTA "
+           f"waiting on its panel of {streamed} from DRAM (the wave model's {pick_us:.1f} us); "
+           f"{stream.reason}")
+    return replace(stream, reason=why, instead=pick)
+
+
+def phaseable(choice: Choice) -> Choice:
+    """The choice for operands whose rows phase maps read where they lie (phased_choice): the
+    displaced persistent choice where `choice` is a sub-wave stream-K's, else `choice`."""
+    return choice.instead or choice
 
 
 def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | None:

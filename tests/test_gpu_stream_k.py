@@ -2,12 +2,14 @@
 NaN-poisoned outputs with spare rows below: every tile width, lanes by rows and by columns of
 tiles, every layout, K not a multiple of 64 or below one k-block, one row or one column,
 sliced and transposed operands, batches, the row store, fused epilogues, out = c, bitwise
-repeats and new operands through the remembered launches. (The heuristic never takes it
-unforced: tests/test_stream_k_cpu.py.) Skips without a Hopper GPU."""
+repeats and new operands through the remembered launches; and the heuristic's own choice of it
+for sub-wave grids over a long K (its rule: tests/test_stream_k_cpu.py), plain and fused.
+Skips without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
-from forced import SPARE_ROWS, check_close, check_fused_into_c, operands, rand, reference
+from forced import (SPARE_ROWS, check_call, check_close, check_fused_into_c, operands, rand,
+                    reference)
 
 pytestmark = [requires_hopper, pytest.mark.usefixtures("heuristic_choice")]
 
@@ -136,3 +138,39 @@ def test_stream_k_repeats_bitwise():
         assert bool(cupy.array_equal(again.view(cupy.uint16), first.view(cupy.uint16)))
     a2, b2 = operands(1472, 896, 9472, "float16")
     check_close(hopmm.matmul(a2, b2), reference(a2, b2), "float16")
+
+
+# Sub-wave grids of 128-row tiles over at least STREAM_K_MIN_K_BLOCKS k-blocks that the heuristic
+# gives stream-K (76 tiles of 128 x 128; 72 of 128 x 64).
+SUB_WAVE = [(4800, 256, 8192, "bfloat16"), (4608, 192, 8192, "float16")]
+
+
+@pytest.mark.parametrize("m,n,k,dtype", SUB_WAVE)
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_sub_wave_products_take_stream_k(m, n, k, dtype, layout):
+    check_call(m, n, k, dtype, *LAYOUTS[layout], "schedule: stream_k\n", "SMs idle")
+
+
+@pytest.mark.parametrize("m,n,k,dtype", SUB_WAVE)
+def test_sub_wave_stream_k_fused_into_c(m, n, k, dtype):
+    text = check_fused_into_c(*operands(m, n, k, dtype), "columns", dtype)
+    assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text
+
+
+def test_sub_wave_rows_off_16_bytes_stay_on_phase_maps():
+    """A whose rows lie off 16 bytes (a view of every 8192 of 8195 columns): the persistent
+    choice stream-K displaced reads them in place through phase maps, as before the rule, and
+    the result is right."""
+    import cupy
+
+    import hopmm
+
+    m, n, k = 8704, 192, 8192
+    a = rand((m, k + 3), "bfloat16")[:, :k]
+    b = rand((k, n), "bfloat16")
+    assert "schedule: stream_k\n" in hopmm.explain(rand((m, k), "bfloat16"), b)
+    text = hopmm.explain(a, b)
+    assert "schedule: persistent" in text and "read where they lie" in text, text
+    out = cupy.full((m, n), cupy.nan, dtype=a.dtype)
+    hopmm.matmul(a, b, out=out)
+    check_close(out, reference(a, b), "bfloat16")

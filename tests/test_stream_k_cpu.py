@@ -1,13 +1,16 @@
 """CPU: stream-K in lanes (schedules.StreamKSchedule) — its lanes, launch geometry and
-workspace, the forced choice and its model, its place in autotune, the rendered kernel's
-hand-off order; and the heuristic's store-bound rule for short K."""
+workspace, the forced choice and its model, the heuristic's rule for sub-wave grids over a
+long K, its place in autotune, the rendered kernel's hand-off order; and the heuristic's
+store-bound rule for short K."""
 import random
+import re
 from dataclasses import replace
 
 import pytest
 
 from hopmm import heuristics, tuning
 from hopmm.device import H100_SXM
+from hopmm.epilogue import EpilogueSpec
 from hopmm.problem import LINE_BYTES, Problem
 from hopmm.schedules import PersistentSchedule, StreamKSchedule as SK
 
@@ -110,15 +113,74 @@ def test_model_terms():
     assert us >= b_twice
 
 
-def test_the_heuristic_never_takes_stream_k_unforced():
-    """Stream-K ran slower than the other choice on 8 of 10 problems its model picked (NOTES
-    v0.32): it is forced or autotuned only."""
+def test_sub_wave_long_k_takes_stream_k():
+    """76 tiles of 128 x 128 over 473 k-blocks leave 56 SMs idle: stream-K on every SM, one
+    lane of 128 x 256 tiles (B, the lanes' own operand, fits L2), says why, and its model is not
+    slower than the wave model's pick. A forced schedule is left alone."""
+    p = problem(4800, 256, 30272)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is SK and c.config.block_n == 256 and c.splits == H100_SXM.sm_count
+    assert "would leave 56 of 132 SMs idle over 473 k-blocks" in c.reason, c.reason
+    assert "panel of A from DRAM" in c.reason and "stream-K: 1 lanes" in c.reason, c.reason
+    assert heuristics.choose(p, H100_SXM, "persistent").schedule is PersistentSchedule
+
+
+@pytest.mark.parametrize("m,n,k,why", [
+    (4800, 256, 64 * heuristics.STREAM_K_MIN_K_BLOCKS - 64, "a k-block short of the rule"),
+    (2816, 192, 8320, "the 64 x 128 tile: no 128-row grid"),
+    (2944, 448, 30000, "B of 27 MB, the lanes' own operand, does not fit L2"),
+    (16384, 256, 30272, "past one wave of 128-row tiles"),
+    (4800, 256, 8192 * 4, "batch of 2: 152 tiles"),
+])
+def test_sub_wave_rule_keeps_the_pick(m, n, k, why):
+    batch = 2 if "batch" in why else 1
+    c = heuristics.choose(problem(m, n, k, batch), H100_SXM)
+    assert c.schedule is not SK, why
+
+
+def test_sub_wave_stream_k_keeps_the_pick_it_displaced():
+    """Operands read in place through phase maps (which stream-K lacks) run on the persistent
+    choice the rule displaced (heuristics.phaseable); a fused epilogue and a row store reach it
+    too; a forced stream-K displaced nothing."""
+    p = problem(4800, 256, 8192)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is SK and c.instead.schedule is PersistentSchedule
+    assert c.instead.config.block_n == 128 and heuristics.phaseable(c) is c.instead
+    forced = heuristics.choose(p, H100_SXM, "stream_k")
+    assert forced.instead is None and heuristics.phaseable(forced) is forced
+    spec = EpilogueSpec("relu", bias=True)
+    fused = heuristics.with_epilogue(c, spec)
+    assert fused.config.epilogue == spec and fused.instead.config.epilogue == spec
+    stored = heuristics.row_store_choice(fused, p, H100_SXM)
+    assert stored.schedule is SK and stored.config.row_store and stored.config.epilogue == spec
+    assert stored.instead.config.row_store and stored.instead.config.epilogue == spec
+
+
+def test_stream_k_taken_only_where_its_rule_holds():
+    """Wherever the heuristic takes stream-K unforced: a sub-wave grid of 128-row tiles before,
+    a long main loop, the lanes' own operand in L2, at most STREAM_K_MAX_CTAS_PER_TILE CTAs a
+    tile, and its model no slower than the wave model's pick (restated from the reason)."""
     rng = random.Random(7)
-    for _ in range(400):
-        m, n, k = (int(2 ** rng.uniform(4, 15)) for _ in range(3))
-        c = heuristics.choose(problem(m, n, k), H100_SXM)
-        assert c.schedule is not SK
+    taken = 0
+    for _ in range(3000):
+        m, n, k = (int(2 ** rng.uniform(7, 15)) // 8 * 8 for _ in range(3))
+        p = problem(m, n, k)
+        c = heuristics.choose(p, H100_SXM)
         assert c.tail is None or c.tail.choice.schedule is not SK
+        if c.schedule is not SK:
+            continue
+        taken += 1
+        assert heuristics._k_blocks(p) >= heuristics.STREAM_K_MIN_K_BLOCKS
+        lanes = SK.lanes(p, c.config, c.raster_group)
+        assert c.splits // lanes <= (heuristics.STREAM_K_MAX_CTAS_PER_TILE
+                                     * SK.lane_tiles(p, c.config, c.raster_group))
+        assert heuristics._lane_operand_bytes(p, c.config, c.raster_group) \
+            <= heuristics.STREAM_K_L2_BYTES
+        tiles, pick_us = (float(x) for x in
+                          re.search(r"^(\d+) tiles .* wave model's ([\d.]+) us", c.reason).groups())
+        assert tiles < H100_SXM.sm_count
+        assert heuristics._choice_us(c, p, H100_SXM) <= pick_us + 0.05
+    assert taken, "no random problem took stream-K"
 
 
 def test_autotune_entries_of_stream_k():
