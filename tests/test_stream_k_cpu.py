@@ -125,15 +125,14 @@ def test_sub_wave_long_k_takes_stream_k():
     assert heuristics.choose(p, H100_SXM, "persistent").schedule is PersistentSchedule
 
 
-@pytest.mark.parametrize("m,n,k,why", [
-    (4800, 256, 64 * heuristics.STREAM_K_MIN_K_BLOCKS - 64, "a k-block short of the rule"),
-    (2816, 192, 8320, "the 64 x 128 tile: no 128-row grid"),
-    (2944, 448, 30000, "B of 27 MB, the lanes' own operand, does not fit L2"),
-    (16384, 256, 30272, "past one wave of 128-row tiles"),
-    (4800, 256, 8192 * 4, "batch of 2: 152 tiles"),
+@pytest.mark.parametrize("m,n,k,batch,why", [
+    (4800, 256, 64 * heuristics.STREAM_K_MIN_K_BLOCKS - 64, 1, "a k-block short of the rule"),
+    (2816, 192, 8320, 1, "the 64 x 128 tile: no 128-row grid"),
+    (2944, 448, 30000, 1, "B of 27 MB, the lanes' own operand, does not fit L2"),
+    (16384, 256, 30272, 1, "past one wave of 128-row tiles"),
+    (4800, 256, 8192 * 4, 2, "a batch of 2: 152 tiles"),
 ])
-def test_sub_wave_rule_keeps_the_pick(m, n, k, why):
-    batch = 2 if "batch" in why else 1
+def test_sub_wave_rule_keeps_the_pick(m, n, k, batch, why):
     c = heuristics.choose(problem(m, n, k, batch), H100_SXM)
     assert c.schedule is not SK, why
 
