@@ -224,6 +224,14 @@ SHORT_TILE_MIN_GAIN = 1.05
 # that many k-blocks a split's extra CTAs streamed faster (bench/NOTES.md v0.38).
 ONE_ROUND_SHORT_GAIN = 1.3
 ONE_ROUND_SHORT_MAX_K_BLOCKS = 224
+# Neither bar holds a split whose CTAs outnumber the 64-row tiles by SPLIT_MORE_CTAS over a
+# main loop of at least SPLIT_MORE_CTAS_MIN_K_BLOCKS: the 64-row tiles of a grid below one
+# wave keep that many SMs idle, and a 128-row split in three or four puts them to work. Two
+# splits of 128-row tiles run about as many CTAs as the 64-row tiles, each a k-block twice as
+# long: no faster, and the bars stand. The split models read these splits 1.05-1.2 x ahead
+# where they ran 1.1-1.5 x ahead (bench/NOTES.md v0.51).
+SPLIT_MORE_CTAS = 1.4
+SPLIT_MORE_CTAS_MIN_K_BLOCKS = 128
 # The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
 # and the main-loop speed of the overlap kernels (two accumulator sets) relative to TILE_SPEED:
 # fitted together to sustained runs at the power limit, the regime of long runs of large GEMMs
@@ -660,10 +668,10 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     if forced is None and splits == 1 and (cfg.block_m == BLOCK_M
                                            or problem.m <= SHORT_TILE_MAX_M):
         return None
-    if forced is None and short and splits > 1 and \
-            _short_tiles_beat_split(problem, device, estimate):
-        return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
+    if forced is None and short and splits > 1 and \
+            _short_tiles_beat_split(problem, device, estimate, tiles * problem.batch * splits):
+        return None
     k_blocks = sched.k_blocks(problem, cfg)
     if sched is SplitKParallelSchedule:
         how = ("each split stores its partial to its own workspace slot, then adds up its "
@@ -688,15 +696,21 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     return Choice(sched, cfg, why, _raster_group(problem, cfg, device, splits), splits)
 
 
-def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: float) -> bool:
+def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: float,
+                            split_ctas: int) -> bool:
     """Whether the persistent kernels would run `problem` unsplit on 64-row tiles
     (_persistent_choice) and their wave model (_persistent_us) comes within SPLIT_K_MIN_GAIN
     of the split's estimate `split_us`: the bar the 128-row tiles set a split (_best_split).
     On 25 problems whose split this replaced, the 64-row tiles unsplit ran 0.97-1.48 x the
-    split, geomean 1.19 (NOTES v0.33)."""
+    split, geomean 1.19 (NOTES v0.33). Never where the split's `split_ctas` CTAs outnumber
+    those tiles by SPLIT_MORE_CTAS over a long main loop."""
     if not _short_tiles_fit(problem) or _b_rows_unaligned(problem):
         return False
     rival = _persistent_choice(problem, device, None, epilogue_reads=False)
+    rival_tiles = _tiles(problem, rival.config.block_m, rival.config.block_n) * problem.batch
+    if (split_ctas >= SPLIT_MORE_CTAS * min(rival_tiles, device.sm_count)
+            and _k_blocks(problem) >= SPLIT_MORE_CTAS_MIN_K_BLOCKS):
+        return False
     gain = (ONE_ROUND_SHORT_GAIN if _short_tiles_in_one_round(problem, device, rival.config)
             else SPLIT_K_MIN_GAIN)
     return (rival.config.block_m == WGMMA_M and rival.schedule in TAIL_MAIN_SCHEDULES

@@ -11,7 +11,7 @@ from hopmm import heuristics
 from hopmm.device import H100_SXM, H100_SXM_CLUSTERS
 from hopmm.problem import Problem
 from hopmm.schedules import (SCHEDULES, WGMMA_M, PersistentOverlapSchedule, PersistentSchedule,
-                             SplitKClusterSchedule, SplitKParallelSchedule)
+                             SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule)
 
 # An H100 as the device reports it: split_k_cluster needs its cluster capacity.
 H100 = H100_SXM_CLUSTERS
@@ -186,6 +186,38 @@ def test_long_main_loops_keep_their_split(m, n, k, dtype):
     assert heuristics._k_blocks(p) > heuristics.ONE_ROUND_SHORT_MAX_K_BLOCKS
     assert heuristics._tiles(p, *heuristics.FEW_ROWS_TILE) <= H100.sm_count
     assert choose(m, n, k, dtype=dtype).splits > 1
+
+
+# Splits whose CTAs outnumber the 64-row tiles by heuristics.SPLIT_MORE_CTAS over a long main
+# loop are not held by the 64-row tiles' bars; each new pick's speed over the old, H200 (NOTES
+# v0.51).
+@pytest.mark.parametrize("m,n,k,dtype,split", [
+    (128, 4224, 30144, "bfloat16", SplitKClusterSchedule),   # 1.38 x
+    (1088, 512, 13504, "bfloat16", SplitKSchedule),           # 1.19 x
+    (192, 2432, 9536, "float16", SplitKParallelSchedule),     # 1.14 x
+])
+def test_splits_of_more_ctas_than_64_row_tiles_take_long_loops(m, n, k, dtype, split):
+    p = Problem(m, n, k, 1, dtype)
+    assert heuristics._k_blocks(p) >= heuristics.SPLIT_MORE_CTAS_MIN_K_BLOCKS
+    c = choose(m, n, k, dtype=dtype)
+    assert c.schedule is split and c.splits >= 3
+    ctas = heuristics._tiles(p, c.config.block_m, c.config.block_n) * c.splits
+    assert ctas >= heuristics.SPLIT_MORE_CTAS * heuristics._tiles(p, *heuristics.FEW_ROWS_TILE)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "SPLIT_MORE_CTAS", float("inf"))
+        before = choose(m, n, k, dtype=dtype)
+    heuristics.choose.cache_clear()
+    assert before.splits == 1 and before.config.block_m == WGMMA_M
+
+
+@pytest.mark.parametrize("m,n,k", [
+    (256, 3072, 8960),    # two splits of 128-row tiles, as many CTAs: they ran 0.86-0.89 x
+    (1024, 640, 7616),    # the 64-row tiles on H200 (NOTES v0.51)
+    (1984, 256, 6272),    # 98 k-blocks: a short loop, whose split ran 0.91 x on an H100 (v0.38)
+])
+def test_splits_of_about_as_many_ctas_or_short_loops_stay_held(m, n, k):
+    c = choose(m, n, k)
+    assert c.splits == 1 and c.config.block_m == WGMMA_M
 
 
 def test_one_round_keeps_to_the_64_by_128_tile():

@@ -1,8 +1,9 @@
 // Kernel skeleton: two products that share A, C0 = A @ B0 and C1 = A @ B1 (seed 000; an MLP's
 // gate and up projections), in the persistent kernel (kernel_persistent.cuh). Each stage holds
-// the A tile and both B tiles of one k-block, loaded once (kBOperands = 2); each consumer
-// keeps two accumulator sets and issues, per k16 step, one wgmma into each, all of a k-block's
-// wgmmas in one commit group, and a single flush before its epilogue. The epilogue either
+// the A tile and both B tiles of one k-block, loaded once (kBOperands = 2), side by side; each
+// consumer keeps two accumulator sets in one register array and issues, per k16 step, one
+// wgmma twice as wide as a B tile that reads both tiles and writes both sets, all of a
+// k-block's wgmmas in one commit group, and a single flush before its epilogue. The epilogue either
 // stores both sets, each through the fused chain, into C0 and C1 (kDualStore =
 // kDualStorePair), or stores silu(set 0) * set 1, computed in fp32 and rounded once, into
 // C0 (kDualStoreSwiglu).
@@ -19,50 +20,55 @@ template <class Cfg>
 struct DualBWgmmaConsumer {
     typedef TileShape<Cfg> S;
     typedef WgmmaConsumer<Cfg> Single;
-    typedef typename Single::Mma Mma;
     static_assert(S::kBOperands == 2, "a stage holds both B tiles");
     static_assert(S::kConsumerRows == S::kWgmmaM,
                   "each consumer owns 64 rows (of a shared tile, or a 64-row tile alone): two "
                   "64 x N sets");
     static constexpr int kAccRegs = Single::kAccRegs;
+    // A stage's two B tiles lie side by side (SharedStorage::b_tile) in the layout of one tile
+    // twice as wide (K-major: 8-row atoms 1024 bytes apart; MN-major: 64-wide boxes one box
+    // apart), so one m64 wgmma of twice the width reads both and A once per k16 step; its
+    // accumulator's first kAccRegs registers are product 0's columns, the rest product 1's.
+    static_assert(2 * S::kBlockN <= 256, "both B tiles within one wgmma's N extent");
+    typedef Wgmma<2 * S::kBlockN, Cfg::kBf16, Cfg::kTransA, Cfg::kTransB> PairMma;
+    static_assert(PairMma::kAccRegs == 2 * kAccRegs, "one set per product, back to back");
 
-    // [product][row block][register]: acc[p] has the shape TmaStoreEpilogue::store takes.
-    float acc[2][1][kAccRegs];
+    // Both products' sets: [product * kAccRegs + register].
+    float acc[2 * kAccRegs];
+
+    // Product p's set, in the shape TmaStoreEpilogue::store takes ([row block][register]).
+    __device__ __forceinline__ float (&set(int p))[1][kAccRegs] {
+        return *reinterpret_cast<float(*)[1][kAccRegs]>(acc + p * kAccRegs);
+    }
 
     __device__ __forceinline__ void mainloop(const SharedStorage<Cfg>& smem, int consumer,
                                              int num_k_blocks, int& ring, bool leader) {
         wgmma_k_blocks<Cfg>(*this, smem, consumer, num_k_blocks, ring, leader, NoTurns());
     }
 
-    // One k-block from stage s: per k16 step the same A descriptor against each B tile, both
-    // products' wgmmas in one committed group.
+    // One k-block from stage s: per k16 step one wgmma over both B tiles, as one committed
+    // group.
     __device__ __forceinline__ void issue(const SharedStorage<Cfg>& smem, int s, int row0,
                                           bool first_of_tile) {
         const u32 a_tile = smem_addr(smem.a_tile(s));
-        const u32 b_tiles[2] = {smem_addr(smem.b_tile(s, 0)), smem_addr(smem.b_tile(s, 1))};
+        const u32 b_tiles = smem_addr(smem.b_tile(s, 0));
         settle();
         wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < Single::kKSteps; ++kk) {
-            const u64 a = Single::desc_a(a_tile, row0, kk);
-#pragma unroll
-            for (int p = 0; p < 2; ++p)
-                Mma::mma(acc[p][0], a, Single::desc_b(b_tiles[p], kk), !first_of_tile || kk != 0);
-        }
+        for (int kk = 0; kk < Single::kKSteps; ++kk)
+            PairMma::mma(acc, Single::desc_a(a_tile, row0, kk), Single::desc_b(b_tiles, kk),
+                         !first_of_tile || kk != 0);
         wgmma_commit_group();
     }
 
-    __device__ __forceinline__ void settle() {
-        wgmma_fence_operands(acc[0]);
-        wgmma_fence_operands(acc[1]);
-    }
+    __device__ __forceinline__ void settle() { wgmma_fence_operands(acc); }
 
-    // acc[0] = silu(acc[0]) * acc[1], in fp32 (after the flush).
+    // Product 0's set = silu(set 0) * set 1, in fp32 (after the flush).
     __device__ __forceinline__ void swiglu() {
 #pragma unroll
         for (int i = 0; i < kAccRegs; ++i) {
-            const float gate = acc[0][0][i];
-            acc[0][0][i] = gate * EpilogueChain<Cfg>::logistic(gate) * acc[1][0][i];
+            const float gate = acc[i];
+            acc[i] = gate * EpilogueChain<Cfg>::logistic(gate) * acc[kAccRegs + i];
         }
     }
 };
@@ -94,10 +100,10 @@ __device__ __forceinline__ void dual_b_gemm(const TensorMap* map_a, const Tensor
                 state.mainloop(smem, consumer, num_k_blocks, ring, thread == 0);
                 if constexpr (Cfg::kDualStore == kDualStoreSwiglu) {
                     state.swiglu();
-                    Epilogue::store(state.acc[0], map_c, smem, consumer, thread, row0, n0, c.z);
+                    Epilogue::store(state.set(0), map_c, smem, consumer, thread, row0, n0, c.z);
                 } else {
-                    Epilogue::store(state.acc[0], map_c, smem, consumer, thread, row0, n0, c.z);
-                    Epilogue::store(state.acc[1], map_c2, smem, consumer, thread, row0, n0, c.z);
+                    Epilogue::store(state.set(0), map_c, smem, consumer, thread, row0, n0, c.z);
+                    Epilogue::store(state.set(1), map_c2, smem, consumer, thread, row0, n0, c.z);
                 }
             }
             Epilogue::finish(thread);
