@@ -991,8 +991,8 @@ class SharedASchedule(PersistentSchedule):
     tile and both B tiles of a k-block side by side, each consumer issues per k16 step one
     64 x 256 wgmma that reads both B tiles (A once) into two 64 x 128 accumulator sets (128 of
     its 232 registers), a k-block's wgmmas in one commit group, flushes once, and stores each
-    set through the fused chain into its own output. A is read from L2 once for both products. Computes hopmm.matmul_shared_a, not
-    hopmm.matmul."""
+    set through the fused chain into its own output. A is read from L2 once for both
+    products. Computes hopmm.matmul_shared_a, not hopmm.matmul."""
 
     name = "shared_a"
     phased_ok = False   # a stage of two B tiles

@@ -210,14 +210,22 @@ def test_splits_of_more_ctas_than_64_row_tiles_take_long_loops(m, n, k, dtype, s
     assert before.splits == 1 and before.config.block_m == WGMMA_M
 
 
-@pytest.mark.parametrize("m,n,k", [
-    (256, 3072, 8960),    # two splits of 128-row tiles, as many CTAs: they ran 0.86-0.89 x
-    (1024, 640, 7616),    # the 64-row tiles on H200 (NOTES v0.51)
-    (1984, 256, 6272),    # 98 k-blocks: a short loop, whose split ran 0.91 x on an H100 (v0.38)
+# Two splits of 128-row tiles, about as many CTAs as the 64-row tiles (they ran 0.87-0.89 x
+# those on an H200, NOTES v0.51), and a short loop (98 k-blocks: the split ran 0.91 x on an
+# H100, v0.38) stay held.
+@pytest.mark.parametrize("m,n,k,dtype,by_ctas", [
+    (256, 3072, 8960, "bfloat16", True),
+    (3200, 256, 9792, "float16", True),
+    (1984, 256, 6272, "bfloat16", False),
 ])
-def test_splits_of_about_as_many_ctas_or_short_loops_stay_held(m, n, k):
-    c = choose(m, n, k)
+def test_splits_of_about_as_many_ctas_or_short_loops_stay_held(m, n, k, dtype, by_ctas):
+    c = choose(m, n, k, dtype=dtype)
     assert c.splits == 1 and c.config.block_m == WGMMA_M
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(heuristics, "SPLIT_MORE_CTAS", 1.0)   # any split count is "more CTAs"
+        loose = choose(m, n, k, dtype=dtype)
+    heuristics.choose.cache_clear()
+    assert (loose.splits > 1) == by_ctas
 
 
 def test_one_round_keeps_to_the_64_by_128_tile():
