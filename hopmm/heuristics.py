@@ -669,8 +669,10 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
                                            or problem.m <= SHORT_TILE_MAX_M):
         return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    if forced is None and short and splits > 1 and \
-            _short_tiles_beat_split(problem, device, estimate, tiles * problem.batch * splits):
+    held = forced is None and short and splits > 1
+    spread = (_split_outnumbers_short_tiles(problem, device, tiles * problem.batch * splits)
+              if held else None)
+    if held and spread is None and _short_tiles_beat_split(problem, device, estimate):
         return None
     k_blocks = sched.k_blocks(problem, cfg)
     if sched is SplitKParallelSchedule:
@@ -691,26 +693,22 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
            + (f"; predicted {estimate:.1f} us" if estimate else "")
            + (f" against {unsplit:.1f} us for {unsplit_tiles}"
               if unsplit is not None and estimate and cfg.block_m < BLOCK_M else "")
+           + (f"; {spread}" if spread else "")
            + f"; {cfg.stages} stages fit in {device.smem_per_block_optin} B of shared memory; "
            f"{sched.smem_note(cfg)}")
     return Choice(sched, cfg, why, _raster_group(problem, cfg, device, splits), splits)
 
 
-def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: float,
-                            split_ctas: int) -> bool:
+def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: float) -> bool:
     """Whether the persistent kernels would run `problem` unsplit on 64-row tiles
     (_persistent_choice) and their wave model (_persistent_us) comes within SPLIT_K_MIN_GAIN
     of the split's estimate `split_us`: the bar the 128-row tiles set a split (_best_split).
     On 25 problems whose split this replaced, the 64-row tiles unsplit ran 0.97-1.48 x the
-    split, geomean 1.19 (NOTES v0.33). Never where the split's `split_ctas` CTAs outnumber
-    those tiles by SPLIT_MORE_CTAS over a long main loop."""
+    split, geomean 1.19 (NOTES v0.33). Not asked where the split outnumbers those tiles
+    (_split_outnumbers_short_tiles)."""
     if not _short_tiles_fit(problem) or _b_rows_unaligned(problem):
         return False
     rival = _persistent_choice(problem, device, None, epilogue_reads=False)
-    rival_tiles = _tiles(problem, rival.config.block_m, rival.config.block_n) * problem.batch
-    if (split_ctas >= SPLIT_MORE_CTAS * min(rival_tiles, device.sm_count)
-            and _k_blocks(problem) >= SPLIT_MORE_CTAS_MIN_K_BLOCKS):
-        return False
     gain = (ONE_ROUND_SHORT_GAIN if _short_tiles_in_one_round(problem, device, rival.config)
             else SPLIT_K_MIN_GAIN)
     return (rival.config.block_m == WGMMA_M and rival.schedule in TAIL_MAIN_SCHEDULES
@@ -725,6 +723,26 @@ def _short_tiles_in_one_round(problem: Problem, device: DeviceInfo, cfg: KernelC
     return (_short_tiles_fit(problem) and (cfg.block_m, cfg.block_n) == FEW_ROWS_TILE
             and _tiles(problem, *FEW_ROWS_TILE) <= device.sm_count
             and _k_blocks(problem) <= ONE_ROUND_SHORT_MAX_K_BLOCKS)
+
+
+def _split_outnumbers_short_tiles(problem: Problem, device: DeviceInfo,
+                                  split_ctas: int) -> str | None:
+    """Why a split of `split_ctas` CTAs over at least SPLIT_MORE_CTAS_MIN_K_BLOCKS k-blocks is
+    not held by the 64-row tiles the persistent kernels would run instead: it has
+    SPLIT_MORE_CTAS x as many CTAs as those tiles (at most the SMs); None where it is not so
+    (or those tiles do not fit the problem)."""
+    if _k_blocks(problem) < SPLIT_MORE_CTAS_MIN_K_BLOCKS or not _short_tiles_fit(problem) \
+            or _b_rows_unaligned(problem):
+        return None
+    rival = _persistent_choice(problem, device, None, epilogue_reads=False)
+    if rival.config.block_m != WGMMA_M:
+        return None
+    rival_tiles = _tiles(problem, rival.config.block_m, rival.config.block_n) * problem.batch
+    if split_ctas < SPLIT_MORE_CTAS * min(rival_tiles, device.sm_count):
+        return None
+    return (f"{split_ctas} CTAs, at least {SPLIT_MORE_CTAS} x the {rival_tiles} unsplit "
+            f"{rival.config.block_m}x{rival.config.block_n} tiles, which would leave SMs idle "
+            f"over {_k_blocks(problem)} k-blocks: those tiles' bar does not hold it")
 
 
 # Operands TMA cannot read in place (rows not a multiple of 16 bytes) are copied into aligned

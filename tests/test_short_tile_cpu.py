@@ -201,6 +201,7 @@ def test_splits_of_more_ctas_than_64_row_tiles_take_long_loops(m, n, k, dtype, s
     assert heuristics._k_blocks(p) >= heuristics.SPLIT_MORE_CTAS_MIN_K_BLOCKS
     c = choose(m, n, k, dtype=dtype)
     assert c.schedule is split and c.splits >= 3
+    assert "tiles' bar does not hold it" in c.reason   # what explain says decided
     ctas = heuristics._tiles(p, c.config.block_m, c.config.block_n) * c.splits
     assert ctas >= heuristics.SPLIT_MORE_CTAS * heuristics._tiles(p, *heuristics.FEW_ROWS_TILE)
     with pytest.MonkeyPatch.context() as mp:
