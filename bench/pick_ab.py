@@ -4,14 +4,16 @@ each moved shape's new pick timed against its old one.
 
     python bench/pick_ab.py --seeds 11,13,17 --old "ONE_ROUND_SHORT_MAX_K_BLOCKS=0" --list
     python bench/pick_ab.py --seeds 11,13,17 --old "STORE_BOUND_SHORT_MIN_N=1000000000" \\
-        [--budget-s 300] [--json OUT.json]
+        [--layout NN|NT|TN] [--budget-s 300] [--json OUT.json]
 
 The change is written as the heuristics constants that undo it (`--old`, NAME=VALUE pairs
 split by ';', each VALUE a Python literal): the current code's pick is "new", the pick under
 those constants "old". `--list` prints the moved shapes only (no GPU: the choices of an H100
 as it reports its cluster capacity, device.H100_SXM_CLUSTERS); otherwise each is timed on
-the GPU (row-major operands, as bench/sweep.py draws them; both picks forced, interleaved
-with cupy.matmul and, where installed, torch.matmul, medians; the result NaN-poisoned and
+the GPU (row-major operands, as bench/sweep.py draws them, or with `--layout` B given as the
+transposed view of an N x K weight (NT) or A as that of a K x M array (TN); both picks
+forced, interleaved with cupy.matmul and, where installed, torch.matmul, medians; the result
+NaN-poisoned and
 checked before the timings), and the summary gives the geometric mean of new over old and
 the count below 0.97 x the faster cuBLAS either way (bench/NOTES.md v0.38).
 """
@@ -84,22 +86,44 @@ def patched(patches: dict):
             f.cache_clear()
 
 
+# Operand layouts: the contiguous axis of A's and of B's memory ("cols": row-major; "rows": a
+# transposed view), as operands.problem_of names them.
+LAYOUTS = {"NN": ("cols", "cols"), "NT": ("cols", "rows"), "TN": ("rows", "cols")}
+
+
 def row_major_problem(m: int, n: int, k: int, dtype: str) -> Problem:
     """The Problem of row-major A (M x K) and B (K x N), as bench/sweep.py passes them (and
     operands.kernel_operands would make of them: B's pitch is its row)."""
-    b_pitch = n * sweep_shapes.ELEMENT_BYTES
-    return operands.problem_of(layout.matmul_shapes((m, k), (k, n)), dtype, "cols", "cols",
+    return layout_problem(m, n, k, dtype, "NN")
+
+
+def layout_problem(m: int, n: int, k: int, dtype: str, name: str) -> Problem:
+    """The Problem of A and B in layout `name` (LAYOUTS) as operands.kernel_operands would
+    make of them: B's line pitch is its row (N-major) or its weight's row (K-major)."""
+    a_axis, b_axis = LAYOUTS[name]
+    b_pitch = (n if b_axis == "cols" else k) * sweep_shapes.ELEMENT_BYTES
+    return operands.problem_of(layout.matmul_shapes((m, k), (k, n)), dtype, a_axis, b_axis,
                                b_pitch % LINE_BYTES == 0)
 
 
-def moved_shapes(seeds, patches: dict, device) -> list[dict]:
-    """The shapes of the sweeps of `seeds` (rows TMA reads in place) whose pick differs under
-    `patches`: [{shape, dtype, new, old}] with the picks' tuning labels."""
+def layout_aligned(m: int, n: int, k: int, name: str) -> bool:
+    """Whether TMA reads both operands of layout `name` and the row-major result in place."""
+    a_axis, b_axis = LAYOUTS[name]
+    a_line = k if a_axis == "cols" else m
+    b_line = n if b_axis == "cols" else k
+    return all((x * sweep_shapes.ELEMENT_BYTES) % sweep_shapes.ROW_ALIGN_BYTES == 0
+               for x in (a_line, b_line, n))
+
+
+def moved_shapes(seeds, patches: dict, device, layout_name: str = "NN") -> list[dict]:
+    """The shapes of the sweeps of `seeds` (rows TMA reads in place, in layout `layout_name`)
+    whose pick differs under `patches`: [{shape, dtype, new, old}] with the picks' tuning
+    labels."""
     problems = []
     for seed in seeds:
         for s in sweep_shapes.draw_shapes(seed, 0, 200, ("bfloat16", "float16")):
-            if sweep_shapes.rows_aligned(s.n, s.k):
-                problems.append(row_major_problem(s.m, s.n, s.k, s.dtype))
+            if layout_aligned(s.m, s.n, s.k, layout_name):
+                problems.append(layout_problem(s.m, s.n, s.k, s.dtype, layout_name))
     heuristics.choose.cache_clear()
     new = [heuristics.choose(p, device) for p in problems]
     with patched(patches):
@@ -127,8 +151,17 @@ def summarize(rows: list[dict]) -> dict:
                 below_old=sum(r["tflops"]["old"] / r["cublas_tflops"] < BELOW for r in timed))
 
 
-def time_shape(entry: dict, patches: dict, device) -> dict:
-    """One moved shape on the GPU: both picks forced, against cupy.matmul (and torch.matmul)."""
+def _operand(cupy, rows: int, cols: int, axis: str, dtype):
+    """A rows x cols operand whose contiguous axis is `axis` ("cols": row-major; "rows": the
+    transposed view of a cols x rows array)."""
+    shape = (rows, cols) if axis == "cols" else (cols, rows)
+    x = cupy.random.standard_normal(shape, dtype=cupy.float32).astype(dtype)
+    return x if axis == "cols" else x.T
+
+
+def time_shape(entry: dict, patches: dict, device, layout_name: str = "NN") -> dict:
+    """One moved shape on the GPU, its operands in layout `layout_name`: both picks forced,
+    against cupy.matmul (and torch.matmul)."""
     import cupy
 
     from hopmm import launch
@@ -136,8 +169,8 @@ def time_shape(entry: dict, patches: dict, device) -> dict:
 
     m, n, k = entry["shape"]
     dtype = CUPY_DTYPE_NAMES[entry["dtype"]]
-    sets = [(cupy.random.standard_normal((m, k), dtype=cupy.float32).astype(dtype),
-             cupy.random.standard_normal((k, n), dtype=cupy.float32).astype(dtype))
+    a_axis, b_axis = LAYOUTS[layout_name]
+    sets = [(_operand(cupy, m, k, a_axis, dtype), _operand(cupy, k, n, b_axis, dtype))
             for _ in range(INPUT_SETS)]
     shapes = layout.matmul_shapes(sets[0][0].shape, sets[0][1].shape)
     calls = [operands.kernel_operands(a, b, shapes) for a, b in sets]
@@ -188,6 +221,8 @@ def main(argv=None) -> int:
     p.add_argument("--seeds", required=True, help="sweep seeds, e.g. 11,13,17")
     p.add_argument("--old", required=True, help="NAME=VALUE;... : the constants that undo "
                                                 "the change")
+    p.add_argument("--layout", choices=sorted(LAYOUTS), default="NN",
+                   help="NN: row-major A and B; NT: B as w.T; TN: A as a.T")
     p.add_argument("--list", action="store_true", help="print the moved shapes only (no GPU)")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no shape after this many seconds")
@@ -205,8 +240,9 @@ def main(argv=None) -> int:
         from hopmm.device import query
 
         device = query(cupy.cuda.Device().id)
-    moved = moved_shapes(seeds, patches, device)
-    print(f"{len(moved)} shapes of seeds {args.seeds} move under --old {args.old!r}")
+    moved = moved_shapes(seeds, patches, device, args.layout)
+    print(f"{len(moved)} shapes of seeds {args.seeds} ({args.layout}) move under --old "
+          f"{args.old!r}")
     if args.list:
         for e in moved:
             print(f"{'x'.join(map(str, e['shape']))} {e['dtype']}: {e['old']} -> {e['new']}")
@@ -217,7 +253,7 @@ def main(argv=None) -> int:
             print(f"budget of {args.budget_s:.0f} s spent: {len(moved) - len(rows)} shapes left")
             break
         try:
-            row = time_shape(e, patches, device)
+            row = time_shape(e, patches, device, args.layout)
         except Exception as exc:   # reported in its row and left out of the summary
             rows.append(dict(e, ok=False, error=f"{type(exc).__name__}: {exc}"))
             print(f"{'x'.join(map(str, e['shape']))} {e['dtype']}: not timed: "
@@ -232,7 +268,8 @@ def main(argv=None) -> int:
     summary = summarize(rows)
     print(json.dumps(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(old=args.old, seeds=seeds, rows=rows,
+        Path(args.json).write_text(json.dumps(dict(old=args.old, seeds=seeds,
+                                                   layout=args.layout, rows=rows,
                                                    summary=summary), indent=1))
     return 0 if all(r["ok"] for r in rows) else 1
 

@@ -429,6 +429,23 @@ def test_pick_ab_lists_the_shapes_a_change_moves():
                                 H100_SXM_CLUSTERS) == []
 
 
+def test_pick_ab_layouts_describe_the_operands_and_move_their_own_shapes():
+    nt = pick_ab.layout_problem(128, 3520, 10368, "bfloat16", "NT")
+    tn = pick_ab.layout_problem(128, 3520, 10368, "bfloat16", "TN")
+    assert (nt.a_major, nt.b_major, tn.a_major, tn.b_major) == ("k", "k", "m", "n")
+    assert pick_ab.row_major_problem(64, 96, 32, "float16") == \
+        pick_ab.layout_problem(64, 96, 32, "float16", "NN")
+    # A transposed A's lines are M long: 100 rows of 2 bytes are not 16-byte multiples.
+    assert pick_ab.layout_aligned(100, 128, 64, "NN")
+    assert not pick_ab.layout_aligned(100, 128, 64, "TN")
+    assert not pick_ab.layout_aligned(128, 128, 100, "NT")
+    off = {"SPLIT_MORE_CTAS": float("inf")}
+    for name in ("NT", "TN"):
+        moved = pick_ab.moved_shapes(range(561, 566), off, H100_SXM_CLUSTERS, name)
+        assert moved and all(e["new"] != e["old"] for e in moved)
+        assert all(pick_ab.layout_aligned(*e["shape"], name) for e in moved)
+
+
 def test_pick_ab_summary():
     def row(new, old, cublas, ok=True):
         return {"ok": ok, "tflops": {"new": new, "old": old}, "cublas_tflops": cublas}
