@@ -13,9 +13,8 @@ as it reports its cluster capacity, device.H100_SXM_CLUSTERS); otherwise each is
 the GPU (row-major operands, as bench/sweep.py draws them, or with `--layout` B given as the
 transposed view of an N x K weight (NT) or A as that of a K x M array (TN); both picks
 forced, interleaved with cupy.matmul and, where installed, torch.matmul, medians; the result
-NaN-poisoned and
-checked before the timings), and the summary gives the geometric mean of new over old and
-the count below 0.97 x the faster cuBLAS either way (bench/NOTES.md v0.38).
+NaN-poisoned and checked before the timings), and the summary gives the geometric mean of new
+over old and the count below 0.97 x the faster cuBLAS either way (bench/NOTES.md v0.38).
 """
 from __future__ import annotations
 
