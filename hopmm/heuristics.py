@@ -669,10 +669,13 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
                                            or problem.m <= SHORT_TILE_MAX_M):
         return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    held = forced is None and short and splits > 1
-    spread = (_split_outnumbers_short_tiles(problem, device, tiles * problem.batch * splits)
-              if held else None)
-    if held and spread is None and _short_tiles_beat_split(problem, device, estimate):
+    # The unsplit 64-row tiles that would run instead hold the split, unless it outnumbers
+    # them.
+    rival = _short_tile_rival(problem, device) if forced is None and short and splits > 1 \
+        else None
+    spread = rival and _split_outnumbers_short_tiles(problem, device, rival,
+                                                     tiles * problem.batch * splits)
+    if rival and not spread and _short_tiles_beat_split(problem, device, estimate, rival):
         return None
     k_blocks = sched.k_blocks(problem, cfg)
     if sched is SplitKParallelSchedule:
@@ -699,21 +702,27 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     return Choice(sched, cfg, why, _raster_group(problem, cfg, device, splits), splits)
 
 
-def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: float) -> bool:
-    """Whether the persistent kernels would run `problem` unsplit on 64-row tiles
-    (_persistent_choice) and their wave model (_persistent_us) comes within SPLIT_K_MIN_GAIN
-    of the split's estimate `split_us`: the bar the 128-row tiles set a split (_best_split).
-    On 25 problems whose split this replaced, the 64-row tiles unsplit ran 0.97-1.48 x the
-    split, geomean 1.19 (NOTES v0.33). Not asked where the split outnumbers those tiles
-    (_split_outnumbers_short_tiles)."""
+def _short_tile_rival(problem: Problem, device: DeviceInfo) -> Choice | None:
+    """The unsplit 64-row tiles the persistent kernels would run `problem` on
+    (_persistent_choice), what a split of it is weighed against; None where they would not
+    run it on such tiles."""
     if not _short_tiles_fit(problem) or _b_rows_unaligned(problem):
-        return False
+        return None
     rival = _persistent_choice(problem, device, None, epilogue_reads=False)
+    if rival.config.block_m != WGMMA_M or rival.schedule not in TAIL_MAIN_SCHEDULES:
+        return None
+    return rival
+
+
+def _short_tiles_beat_split(problem: Problem, device: DeviceInfo, split_us: float,
+                            rival: Choice) -> bool:
+    """Whether the wave model (_persistent_us) of the 64-row tiles `rival` (_short_tile_rival)
+    comes within SPLIT_K_MIN_GAIN of the split's estimate `split_us`: the bar the 128-row
+    tiles set a split (_best_split). On 25 problems whose split this replaced, the 64-row
+    tiles unsplit ran 0.97-1.48 x the split, geomean 1.19 (NOTES v0.33)."""
     gain = (ONE_ROUND_SHORT_GAIN if _short_tiles_in_one_round(problem, device, rival.config)
             else SPLIT_K_MIN_GAIN)
-    return (rival.config.block_m == WGMMA_M and rival.schedule in TAIL_MAIN_SCHEDULES
-            and _persistent_us(rival.schedule, problem, device, rival.config)
-            < split_us * gain)
+    return _persistent_us(rival.schedule, problem, device, rival.config) < split_us * gain
 
 
 def _short_tiles_in_one_round(problem: Problem, device: DeviceInfo, cfg: KernelConfig) -> bool:
@@ -725,20 +734,14 @@ def _short_tiles_in_one_round(problem: Problem, device: DeviceInfo, cfg: KernelC
             and _k_blocks(problem) <= ONE_ROUND_SHORT_MAX_K_BLOCKS)
 
 
-def _split_outnumbers_short_tiles(problem: Problem, device: DeviceInfo,
+def _split_outnumbers_short_tiles(problem: Problem, device: DeviceInfo, rival: Choice,
                                   split_ctas: int) -> str | None:
-    """Why a split of `split_ctas` CTAs over at least SPLIT_MORE_CTAS_MIN_K_BLOCKS k-blocks is
-    not held by the 64-row tiles the persistent kernels would run instead: it has
-    SPLIT_MORE_CTAS x as many CTAs as those tiles (at most the SMs); None where it is not so
-    (or those tiles do not fit the problem)."""
-    if _k_blocks(problem) < SPLIT_MORE_CTAS_MIN_K_BLOCKS or not _short_tiles_fit(problem) \
-            or _b_rows_unaligned(problem):
-        return None
-    rival = _persistent_choice(problem, device, None, epilogue_reads=False)
-    if rival.config.block_m != WGMMA_M:
-        return None
+    """Why a split of `split_ctas` CTAs is not held by the 64-row tiles `rival`
+    (_short_tile_rival): it has SPLIT_MORE_CTAS x as many CTAs as those tiles (at most the
+    SMs) over at least SPLIT_MORE_CTAS_MIN_K_BLOCKS k-blocks; None where it is not so."""
     rival_tiles = _tiles(problem, rival.config.block_m, rival.config.block_n) * problem.batch
-    if split_ctas < SPLIT_MORE_CTAS * min(rival_tiles, device.sm_count):
+    if _k_blocks(problem) < SPLIT_MORE_CTAS_MIN_K_BLOCKS \
+            or split_ctas < SPLIT_MORE_CTAS * min(rival_tiles, device.sm_count):
         return None
     return (f"{split_ctas} CTAs, at least {SPLIT_MORE_CTAS} x the {rival_tiles} unsplit "
             f"{rival.config.block_m}x{rival.config.block_n} tiles, which would leave SMs idle "
