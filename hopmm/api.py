@@ -111,7 +111,16 @@ def _plan(a, b, out, plain: bool = True) -> Plan:
               or _copy_route_reason(a, b, out, shapes, dev, plain))
     if reason:
         return Plan("cupy.matmul", reason, shapes, dtype)
-    return Plan("kernel", f"{a.dtype.name} on {dev.name} (sm_90)", shapes, dtype)
+    return Plan("kernel", f"{a.dtype.name} on {dev.name} (sm_90{_dram_note(dev)})", shapes,
+                dtype)
+
+
+def _dram_note(dev: device_mod.DeviceInfo) -> str:
+    """The device's DRAM peak where it scales the time models' memory rates (dram_scale)."""
+    scale = heuristics.dram_scale(dev)
+    if scale == 1.0:
+        return ""
+    return f", DRAM peak {dev.dram_tbps:.2f} TB/s: the models' DRAM rates x {scale:.2f}"
 
 
 def _unsupported_reason(a, b, out, dev: device_mod.DeviceInfo) -> str | None:

@@ -18,6 +18,9 @@ class DeviceInfo:
     # inside one GPC, so where GPCs hold different numbers of SMs this is less than
     # sm_count // n (an H100 SXM held 30 clusters of four, 120 of its 132 SMs).
     cluster_capacity: tuple = ()
+    # Peak DRAM bandwidth in TB/s (dram_peak_tbps of the memory clock and bus width it
+    # reports); None where unknown.
+    dram_tbps: float | None = None
 
     @property
     def is_hopper(self) -> bool:
@@ -30,9 +33,16 @@ class DeviceInfo:
         return None
 
 
-# The H100 SXM as measured (FACTS): used where no device can be asked (CPU-only checks).
+def dram_peak_tbps(memory_clock_khz: int, bus_bits: int) -> float:
+    """Peak DRAM bandwidth in TB/s of HBM at `memory_clock_khz` over a `bus_bits`-wide bus:
+    two transfers a clock."""
+    return 2 * memory_clock_khz * 1e3 * bus_bits / 8 / 1e12
+
+
+# The H100 SXM as measured (FACTS): used where no device can be asked (CPU-only checks). Its
+# HBM3 runs at 2619 MHz over 5120 bits (3.35 TB/s, the published peak).
 H100_SXM = DeviceInfo(name="NVIDIA H100 (assumed)", compute_capability=HOPPER_CC, sm_count=132,
-                      smem_per_block_optin=232448)
+                      smem_per_block_optin=232448, dram_tbps=dram_peak_tbps(2_619_000, 5120))
 # The same with the cluster capacity it reports (cuOccupancyMaxActiveClusters, clusters of 1-8
 # CTAs; bench/NOTES.md v0.13: 15 clusters of 7 or 8 CTAs, 17 of 6): the choices a real H100
 # gets, cluster kernels included, made without one.
@@ -83,7 +93,23 @@ def query(device_id: int) -> DeviceInfo:
         # Clusters exist from compute capability 9.0 on.
         cluster_capacity=(_cluster_capacity(device_id, smem_optin)
                           if capability >= HOPPER_CC else ()),
+        dram_tbps=_dram_tbps(device_id),
     )
+
+
+def _dram_tbps(device_id: int) -> float | None:
+    """The device's peak DRAM bandwidth from the memory clock and bus width attributes it
+    reports, or None where it reports none."""
+    import cupy
+
+    runtime = cupy.cuda.runtime
+    try:
+        clock_khz = runtime.deviceGetAttribute(runtime.cudaDevAttrMemoryClockRate, device_id)
+        bus_bits = runtime.deviceGetAttribute(runtime.cudaDevAttrGlobalMemoryBusWidth,
+                                              device_id)
+    except runtime.CUDARuntimeError:
+        return None
+    return dram_peak_tbps(clock_khz, bus_bits) if clock_khz > 0 and bus_bits > 0 else None
 
 
 def gpu_available() -> bool:

@@ -6,7 +6,7 @@ import functools
 import math
 from dataclasses import dataclass, replace
 
-from .device import DeviceInfo
+from .device import H100_SXM, DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
@@ -16,6 +16,20 @@ from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_V
                         PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
                         SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule,
                         StreamKSchedule)
+
+# Every DRAM rate below (the *_DRAM_TBPS and COPY_TBPS) was measured on an H100 SXM, whose HBM3
+# peaks at REFERENCE_DRAM_TBPS; on another device it is scaled by that device's peak over this
+# (dram_scale): the time a stream takes follows the memory's bandwidth, the SMs' clock and L2
+# being alike across Hopper parts. An H200 (4.81 TB/s peak, 1.44 x) copied at 4.24 TB/s where
+# the H100 copied at 3.00 (1.41 x); its picks under the scaled rates ran 1.06 x those under the
+# H100's (bench/NOTES.md v0.52).
+REFERENCE_DRAM_TBPS = H100_SXM.dram_tbps
+
+
+def dram_scale(device: DeviceInfo) -> float:
+    """The factor on the DRAM rates for `device` (above): 1 where its bandwidth is unknown."""
+    return device.dram_tbps / REFERENCE_DRAM_TBPS if device.dram_tbps else 1.0
+
 
 # M-tiles per raster group (tile_raster.cuh walks a group column by column). The tiles a wave
 # of CTAs runs at once share the k-slices of A and B they read through L2, so a group is chosen
@@ -148,6 +162,14 @@ FEW_ROWS_KBLOCK_US = 0.15
 FEW_ROWS_LOAD = 1.2
 FEW_ROWS_DRAM_TBPS = 2.95
 FEW_ROWS_FIXED_US = 3.0
+# That rate is not scaled by the device's DRAM (dram_scale) where the tiles fit one wave: so
+# few CTAs, not the memory, cap the stream (an H200's 64 such CTAs streamed 8192 x 8192 at
+# 2.8-3.5 TB/s, as the H100's did, where its copies ran 1.41 x faster; NOTES v0.52).
+
+
+def _few_rows_dram_tbps(tiles: int, device: DeviceInfo) -> float:
+    """FEW_ROWS_DRAM_TBPS on `device` for `tiles` of FEW_ROWS_TILE: scaled past one wave."""
+    return FEW_ROWS_DRAM_TBPS * (dram_scale(device) if tiles > device.sm_count else 1.0)
 
 
 @dataclass(frozen=True)
@@ -312,14 +334,15 @@ def _few_rows(problem: Problem, device: DeviceInfo) -> bool:
 def _few_rows_us(problem: Problem, device: DeviceInfo) -> float:
     """The unsplit FEW_ROWS_TILE model's time (above), in microseconds."""
     return _one_wave_us(problem, device, FEW_ROWS_TILE, FEW_ROWS_KBLOCK_US, FEW_ROWS_LOAD,
-                        FEW_ROWS_DRAM_TBPS, FEW_ROWS_FIXED_US)
+                        _few_rows_dram_tbps(_tiles(problem, *FEW_ROWS_TILE), device),
+                        FEW_ROWS_FIXED_US)
 
 
 def _one_wave_us(problem: Problem, device: DeviceInfo, tile: tuple[int, int],
                  kblock_us: float, load: float, dram_tbps: float, fixed_us: float) -> float:
     """The unsplit models' form (_unsplit_wave_us, _few_rows_us), for tiles of `tile` in one
     wave: the longer of a tile's k-blocks, each slower by `load` x the share of the SMs busy,
-    and the DRAM bytes at `dram_tbps`; then `fixed_us`."""
+    and the DRAM bytes at `dram_tbps` (the device's); then `fixed_us`."""
     tiles = _tiles(problem, *tile)
     compute = _k_blocks(problem) * kblock_us * (1 + load * tiles / device.sm_count)
     return max(compute, _dram_bytes(problem) / (dram_tbps * 1e6)) + fixed_us
@@ -427,11 +450,11 @@ def split_k_kblock_us(ctas: int, sm_count: int, cluster_splits: int = 1) -> floa
 
 def split_k_estimate_us(tiles: int, k_blocks: int, splits: int, stage_bytes: int,
                         operand_bytes: int, clusters: int | None = None, *,
-                        sm_count: int, block_n: int = UNSPLIT_BLOCK_N) -> float:
-    """The time models above, in microseconds, on a device of `sm_count` SMs: split_k's, or
-    with `clusters` (clusters of `splits` CTAs the device holds at once) split_k_cluster's;
-    tiles `block_n` wide."""
-    dram = operand_bytes / (SPLIT_K_DRAM_TBPS * 1e6)
+                        sm_count: int, dram_scale: float, block_n: int = UNSPLIT_BLOCK_N) -> float:
+    """The time models above, in microseconds, on a device of `sm_count` SMs and DRAM rates
+    `dram_scale` x the H100's: split_k's, or with `clusters` (clusters of `splits` CTAs the
+    device holds at once) split_k_cluster's; tiles `block_n` wide."""
+    dram = operand_bytes / (SPLIT_K_DRAM_TBPS * dram_scale * 1e6)
     l2 = tiles * k_blocks * stage_bytes / (SPLIT_K_L2_TBPS * 1e6)
     scale = _kblock_scale(block_n)
     if clusters is None:
@@ -462,15 +485,16 @@ def zero_filled_rows(problem: Problem, cfg: KernelConfig) -> int:
 
 def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int],
                                 operand_bytes: int, zero_rows: int = 0,
-                                busy: float = 0.0, tile_bytes: int = 0) -> float:
+                                busy: float = 0.0, tile_bytes: int = 0, *,
+                                dram_scale: float) -> float:
     """split_k_parallel's time model above, in microseconds; `operand_bytes` are those of
     A, B and C once, `zero_rows` the zero-filled rows of the worst tile (zero_filled_rows),
     `busy` the share of the SMs its CTAs take, `tile_bytes` the operand tiles all its CTAs
-    load (through L2)."""
+    load (through L2), `dram_scale` the device's DRAM rate over the H100's (dram_scale)."""
     kblock_us = ((PARALLEL_KBLOCK_US[tile] + zero_rows * ZERO_ROW_US)
                  * (1 + PARALLEL_LOAD * min(busy, 1.0)))
     return (max(-(-k_blocks // splits) * kblock_us,
-                operand_bytes / (PARALLEL_DRAM_TBPS * 1e6),
+                operand_bytes / (PARALLEL_DRAM_TBPS * dram_scale * 1e6),
                 tile_bytes / (PARALLEL_L2_TBPS * 1e6))
             + PARALLEL_HANDOFF_US + splits * PARALLEL_SPLIT_US)
 
@@ -544,7 +568,8 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
             * ELEM_BYTES
         return {s: parallel_split_estimate_us(k_blocks, s, (cfg.block_m, cfg.block_n),
                                               _dram_bytes(problem), zero_rows,
-                                              tiles * s / device.sm_count, tile_bytes)
+                                              tiles * s / device.sm_count, tile_bytes,
+                                              dram_scale=dram_scale(device))
                 for s in range(1, top + 1)}
     least = CLUSTER_SPLIT_MIN_K_BLOCKS if sched is SplitKClusterSchedule else SPLIT_K_MIN_K_BLOCKS
     top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // least)
@@ -559,7 +584,8 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
             if not clusters:
                 continue
         out[splits] = split_k_estimate_us(tiles, k_blocks, splits, stage, operands, clusters,
-                                          sm_count=device.sm_count, block_n=cfg.block_n)
+                                          sm_count=device.sm_count,
+                                          dram_scale=dram_scale(device), block_n=cfg.block_n)
     return out
 
 
@@ -571,7 +597,8 @@ def _one_split_us(problem: Problem, device: DeviceInfo) -> float:
     width = _split_width(problem)
     stage = (BLOCK_M + width) * TMA_BOX_ELEMS * ELEM_BYTES
     return split_k_estimate_us(_tiles(problem, BLOCK_M, width), k_blocks, 1, stage,
-                               operands, sm_count=device.sm_count, block_n=width)
+                               operands, sm_count=device.sm_count,
+                               dram_scale=dram_scale(device), block_n=width)
 
 
 def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
@@ -624,7 +651,7 @@ def _unsplit_wave_us(problem: Problem, device: DeviceInfo) -> float | None:
     if _tiles(problem, *tile) > device.sm_count:
         return None
     return _one_wave_us(problem, device, tile, UNSPLIT_KBLOCK_US, UNSPLIT_LOAD,
-                        UNSPLIT_DRAM_TBPS, UNSPLIT_EPILOGUE_US)
+                        UNSPLIT_DRAM_TBPS * dram_scale(device), UNSPLIT_EPILOGUE_US)
 
 
 def _split_k_choice(problem: Problem, device: DeviceInfo,
@@ -763,7 +790,8 @@ def _split_outnumbers_short_tiles(problem: Problem, device: DeviceInfo, rival: C
 # Copies shorter than MIN_CALL_US (below which launches set the pace) never route a call.
 # Where the heuristic has no estimate (gemv, the one-tile and cluster kernels), the copy alone
 # is weighed against COPY_ROUTE_RATIO times the product's compute floor at FLOOR_TFLOPS (at
-# least MIN_CALL_US), as before v0.37.
+# least MIN_CALL_US), as before v0.37. CUBLAS_UNALIGNED_TBPS is not scaled by the device's
+# DRAM (dram_scale): at a third of the H100's copy rate, those kernels are not bound by it.
 COPY_TBPS = 3.0
 FLOOR_TFLOPS = 800.0
 COPY_ROUTE_RATIO = 4.0
@@ -774,10 +802,10 @@ CUBLAS_UNALIGNED_TFLOPS = {2: 115.0, 4: 180.0, 8: 180.0}
 CUBLAS_TILE = 128
 
 
-def copy_us(copied_bytes: int) -> float:
-    """Microseconds of aligned copies of `copied_bytes`: each byte read and written once at
-    COPY_TBPS."""
-    return 2 * copied_bytes / (COPY_TBPS * 1e6)
+def copy_us(copied_bytes: int, device: DeviceInfo) -> float:
+    """Microseconds of aligned copies of `copied_bytes` on `device`: each byte read and
+    written once at COPY_TBPS (scaled: dram_scale)."""
+    return 2 * copied_bytes / (COPY_TBPS * dram_scale(device) * 1e6)
 
 
 def cublas_unaligned_us(problem: Problem, align: int) -> float:
@@ -797,11 +825,12 @@ def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
     `problem`: the product as hopmm's kernels would run it on the copies; `align`: the rows'
     alignment in bytes (2, 4 or 8)."""
     p = problem
-    copy_time = copy_us(copied_bytes)
+    copy_time = copy_us(copied_bytes, device)
     if copy_time < MIN_CALL_US:   # copies shorter than a launch cannot decide the route
         return None
     copies = (f"rows not a multiple of 16 bytes: the aligned copies hopmm's kernels need move "
-              f"{copied_bytes / 1e6:.1f} MB ({copy_time:.1f} us at {COPY_TBPS} TB/s)")
+              f"{copied_bytes / 1e6:.1f} MB ({copy_time:.1f} us at "
+              f"{COPY_TBPS * dram_scale(device):.2f} TB/s)")
     product_us = _choice_us(choose(p, device), p, device)
     if product_us is None:
         compute_us = max(2 * p.m * p.n * p.k * p.batch / (FLOOR_TFLOPS * 1e6), MIN_CALL_US)
@@ -853,19 +882,22 @@ def _dual_b_us(schedule, problem: Problem, device: DeviceInfo) -> float:
     model's (FEW_ROWS_*) at twice its k-block, on 128 the unsplit model's (UNSPLIT_*) at the
     k-block of a tile twice as wide (NOTES v0.48)."""
     cfg = dual_b_choice(schedule, problem, device).config
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     if cfg.block_m == WGMMA_M:
         kblock_us, load, dram_tbps, fixed_us = (2 * FEW_ROWS_KBLOCK_US, FEW_ROWS_LOAD,
-                                                FEW_ROWS_DRAM_TBPS, FEW_ROWS_FIXED_US)
+                                                _few_rows_dram_tbps(tiles, device),
+                                                FEW_ROWS_FIXED_US)
     else:   # the work of a tile twice as wide, at that tile's speed
         wide = (cfg.block_m, 2 * cfg.block_n)
         kblock_us, load, dram_tbps, fixed_us = (_unsplit_kblock_us(wide, TILE_SPEED[wide]),
-                                                UNSPLIT_LOAD, UNSPLIT_DRAM_TBPS,
+                                                UNSPLIT_LOAD,
+                                                UNSPLIT_DRAM_TBPS * dram_scale(device),
                                                 UNSPLIT_EPILOGUE_US)
     dram_us = (ELEM_BYTES * problem.batch
                * (problem.m * problem.k + 2 * problem.k * problem.n
                   + schedule.outputs * problem.m * problem.n) / (dram_tbps * 1e6))
-    return _waves_us(_tiles(problem, cfg.block_m, cfg.block_n), device.sm_count,
-                     _k_blocks(problem), kblock_us, load, dram_us, 1, device) + fixed_us
+    return _waves_us(tiles, device.sm_count, _k_blocks(problem), kblock_us, load, dram_us, 1,
+                     device) + fixed_us
 
 
 def _composed_us(schedule, problem: Problem, device: DeviceInfo) -> float:
@@ -873,7 +905,8 @@ def _composed_us(schedule, problem: Problem, device: DeviceInfo) -> float:
     for one (_plain_us), and swiglu's gating pass."""
     us = 2 * _plain_us(problem, device)
     if schedule.outputs == 1:
-        us += 3 * _result_bytes(problem) / (COPY_TBPS * 1e6) + GATING_FIXED_US
+        us += (3 * _result_bytes(problem) / (COPY_TBPS * dram_scale(device) * 1e6)
+               + GATING_FIXED_US)
     return us
 
 
@@ -888,7 +921,7 @@ def _plain_us(problem: Problem, device: DeviceInfo) -> float:
         return _few_rows_us(problem, device)
     us = _choice_us(choice, problem, device)
     if us is None:
-        us = max(_dram_bytes(problem) / (COPY_TBPS * 1e6),
+        us = max(_dram_bytes(problem) / (COPY_TBPS * dram_scale(device) * 1e6),
                  2 * problem.batch * problem.m * problem.n * problem.k / (FLOOR_TFLOPS * 1e6))
     return us
 
@@ -968,14 +1001,15 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     bytes_ = (b + ac) * kp.batch
     ctas = row_groups * col_blocks * min(kp.batch, MAX_GRID_Z) * splits
     fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
-    rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS)
+    scale = dram_scale(device)
+    rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS) * scale
     memory = bytes_ / (rate * 1e6 * fill) * (GEMV_IN_PLACE_SLOWDOWN if cfg.in_place else 1.0)
     compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
                / ((GEMV_MMA_TFLOPS if cfg.mma else GEMV_FMA_TFLOPS) * 1e6))
     split = 0.0
     if splits > 1:
         partials = 2 * ctas * cfg.max_rows * cfg.block_n * F32_BYTES
-        split = GEMV_SPLIT_US + partials / (GEMV_DRAM_TBPS * 1e6)
+        split = GEMV_SPLIT_US + partials / (GEMV_DRAM_TBPS * scale * 1e6)
     return max(memory, compute) + GEMV_LAUNCH_US + split
 
 
@@ -1060,7 +1094,7 @@ def gemv_in_place_choice(problem: Problem, device: DeviceInfo, copied_bytes: int
     is."""
     if not forced and min(problem.m, problem.n) > GEMV_MAX_M:   # before the rival's estimate
         return None
-    copy_time = copy_us(copied_bytes)
+    copy_time = copy_us(copied_bytes, device)
     rival = _tile_rival(problem, device)
     if rival is not None:
         rival = (rival[0] + copy_time, f"{rival[1]} on aligned copies (+{copy_time:.1f} us)")
@@ -1319,7 +1353,7 @@ def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem:
     cfg, sched = choice.config, choice.schedule
     if not getattr(sched, "phased_ok", False) or choice.tail is not None:
         return None
-    all_copied = copy_us(_copied_bytes(problem, bool(a_pitch_mod8), bool(b_pitch_mod8)))
+    all_copied = copy_us(_copied_bytes(problem, bool(a_pitch_mod8), bool(b_pitch_mod8)), device)
     if all_copied < MIN_CALL_US:
         return None
     options = _phased_options(choice, a_pitch_mod8, b_pitch_mod8, problem, device, keep_tile)
@@ -1331,7 +1365,8 @@ def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem:
         """The option's k-blocks, at least its aligned product's estimate, and its copies."""
         copy_a = bool(a_pitch_mod8 and not option.config.a_pitch_mod8)
         copy_b = bool(b_pitch_mod8 and not option.config.b_pitch_mod8)
-        copies = copy_us(_copied_bytes(problem, copy_a, copy_b)) + MIN_CALL_US * (copy_a + copy_b)
+        copies = (copy_us(_copied_bytes(problem, copy_a, copy_b), device)
+                  + MIN_CALL_US * (copy_a + copy_b))
         aligned = _choice_us(option, problem, device)
         return max(phased_us(option, problem, device), aligned or product_us or 0.0) + copies
 
@@ -1870,7 +1905,7 @@ def _persistent_us(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfi
     speed = _tile_speeds(sched, problem)[shape] * (OVERLAP_SPEED if overlapped else 1.0)
     kblock_us = _unsplit_kblock_us(shape, speed)
     blocks = _k_blocks(problem) + (0 if overlapped else EXPOSED_EPILOGUE_K_BLOCKS)
-    dram_us = _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * 1e6)
+    dram_us = _dram_bytes(problem) / (UNSPLIT_DRAM_TBPS * dram_scale(device) * 1e6)
     return (_waves_us(units, workers, blocks, kblock_us, UNSPLIT_LOAD, dram_us,
                       sched.cluster_size, device) + UNSPLIT_EPILOGUE_US)
 
@@ -1934,7 +1969,7 @@ def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
     own = _lane_operand_bytes(problem, cfg, group)
     shared = _operand_bytes(problem) - own
     reads = own + shared * (1 if shared <= STREAM_K_L2_BYTES else lanes)
-    dram = (reads + _result_bytes(problem)) / (UNSPLIT_DRAM_TBPS * 1e6)
+    dram = (reads + _result_bytes(problem)) / (UNSPLIT_DRAM_TBPS * dram_scale(device) * 1e6)
     # No pieces where a lane's tiles divide evenly among its CTAs; else an owner adds the
     # piece of every later CTA whose first k-block lies in its tile.
     pieces = 0 if lane_tiles % per_lane == 0 else -(-per_lane // lane_tiles)

@@ -350,21 +350,29 @@ def test_repeat_calls_take_the_fast_path_on_new_operands():
 @pytest.mark.parametrize("b_major", ["k", "n"])
 @pytest.mark.parametrize("m", [1, 4, 8, 16])
 def test_decode_default_path(m, b_major):
-    """Unforced, the heuristic takes the schedule its model picks on the issue's decode shapes
-    (gemv for K-major B, on tensor cores from 8 rows; for N-major B gemv on one row, then the
-    unsplit persistent tiles, NOTES v0.21, v0.35); the result is right."""
+    """Unforced, the heuristic takes the schedule its model picks on the issue's decode shapes:
+    on the H100 the models were fitted on, gemv for K-major B, on tensor cores from 8 rows; for
+    N-major B gemv on one row, then the unsplit persistent tiles (NOTES v0.21, v0.35); on a
+    device of other DRAM bandwidth one of the streams the models weigh (v0.52). The result is
+    right."""
     import cupy
 
     import hopmm
     from hopmm import heuristics
+    from hopmm.device import query
 
     hopmm.use_schedule(None)
     dtype = "bfloat16"
     a = rand((m, 8192), dtype)
     b = rand((8192, 8192), dtype) if b_major == "n" else rand((8192, 8192), dtype).T
-    expected = ("persistent" if b_major == "n" and m > heuristics.GEMV_N_MAJOR_MAX_ROWS
-                else "gemv")
-    assert f"schedule: {expected}" in hopmm.explain(a, b)
+    text = hopmm.explain(a, b)
+    if heuristics.dram_scale(query(cupy.cuda.Device().id)) == 1.0:
+        expected = ("persistent" if b_major == "n" and m > heuristics.GEMV_N_MAJOR_MAX_ROWS
+                    else "gemv")
+        assert f"schedule: {expected}\n" in text, text
+    else:
+        assert any(f"schedule: {s}\n" in text
+                   for s in ("gemv", "persistent", "split_k_parallel")), text
     out = cupy.full((m, 8192), cupy.nan, dtype=dtype)
     hopmm.matmul(a, b, out=out)
     assert rel_err(out, a, b) < TOL[dtype]

@@ -247,7 +247,8 @@ def test_split_counts_measured_on_an_h100(m, n, k, splits):
 
 
 def test_split_k_model_terms():
-    est = functools.partial(heuristics.split_k_estimate_us, sm_count=H100_SXM.sm_count)
+    est = functools.partial(heuristics.split_k_estimate_us, sm_count=H100_SXM.sm_count,
+                            dram_scale=1.0)
     operands = (256 + 256) * 65536 * 2
     assert est(4, 1024, 9, 32768, operands) < est(4, 1024, 16, 32768, operands) < \
         est(4, 1024, 1, 32768, operands)
@@ -362,7 +363,8 @@ def test_known_capacity_takes_split_k_in_clusters(m, n, k):
 
 
 def test_cluster_model_counts_waves_and_no_hand_offs():
-    est = functools.partial(heuristics.split_k_estimate_us, sm_count=H100_SXM.sm_count)
+    est = functools.partial(heuristics.split_k_estimate_us, sm_count=H100_SXM.sm_count,
+                            dram_scale=1.0)
     operands = (512 + 512) * 16384 * 2
     # 16 tiles, 256 k-blocks: 8 splits in one wave of 18 clusters, against 2 waves of 15
     one_wave = est(16, 256, 8, 32768, operands, clusters=18)
@@ -724,7 +726,7 @@ def test_few_rows_and_many_tiles_run_unsplit_on_the_persistent_tiles(m, n, k):
 
 
 def test_parallel_model_terms():
-    est = heuristics.parallel_split_estimate_us
+    est = functools.partial(heuristics.parallel_split_estimate_us, dram_scale=1.0)
     tile = (128, 128)
     ops = (256 + 256) * 65536 * 2 + 256 * 256 * 2
     # the k-blocks of a split, until the DRAM term binds; then each split costs a little
@@ -958,8 +960,9 @@ def test_narrow_split_k_configs_and_models():
     assert all(c.block_m == 64 for c in heuristics.split_configs(
         heuristics.SplitKParallelSchedule, few_rows, H100_SXM))
     args = (22, 253, 4, 24 * 1024, 10_000_000)   # compute-bound: the k-blocks set the pace
-    wide = heuristics.split_k_estimate_us(*args, sm_count=132)
-    thin = heuristics.split_k_estimate_us(*args, sm_count=132, block_n=heuristics.NARROW_BLOCK_N)
+    wide = heuristics.split_k_estimate_us(*args, sm_count=132, dram_scale=1.0)
+    thin = heuristics.split_k_estimate_us(*args, sm_count=132, dram_scale=1.0,
+                                          block_n=heuristics.NARROW_BLOCK_N)
     assert thin < wide
     wider = Problem(2752, 65, 16192, 1, "bfloat16")
     assert heuristics._one_split_us(narrow, H100_SXM) < heuristics._one_split_us(wider, H100_SXM)

@@ -1,0 +1,102 @@
+"""The time models' DRAM rates follow the device's memory bandwidth (heuristics.dram_scale):
+measured on an H100, scaled by another device's peak over the H100's (bench/NOTES.md v0.52)."""
+from dataclasses import replace
+
+import pytest
+
+from hopmm import heuristics, tuning
+from hopmm.device import H100_SXM, H100_SXM_CLUSTERS, dram_peak_tbps
+from hopmm.problem import Problem
+from hopmm.schedules import DUAL_B_SCHEDULES
+
+# The H200 as it reports itself: HBM3e at 3201 MHz over 6016 bits.
+H200_DRAM_TBPS = dram_peak_tbps(3_201_000, 6016)
+H200 = replace(H100_SXM_CLUSTERS, name="NVIDIA H200 (assumed)", dram_tbps=H200_DRAM_TBPS)
+
+
+def test_peak_bandwidth_from_clock_and_bus():
+    assert H100_SXM.dram_tbps == pytest.approx(3.352, abs=1e-3)    # the published 3.35
+    assert H200_DRAM_TBPS == pytest.approx(4.814, abs=1e-3)        # the published 4.8
+
+
+def test_scale_is_one_on_the_reference_and_where_unknown():
+    assert heuristics.dram_scale(H100_SXM) == 1.0
+    assert heuristics.dram_scale(H100_SXM_CLUSTERS) == 1.0
+    assert heuristics.dram_scale(replace(H100_SXM, dram_tbps=None)) == 1.0
+    assert heuristics.dram_scale(H200) == pytest.approx(H200_DRAM_TBPS / H100_SXM.dram_tbps)
+
+
+def test_a_memory_bound_estimate_shrinks_by_the_scale():
+    """One row of 8192 x 8192 unsplit: gemv's stream of B is the whole estimate but its
+    launch."""
+    p = Problem(1, 8192, 8192, 1, "bfloat16")
+    choice = heuristics.choose(p, H100_SXM_CLUSTERS)
+    assert choice.schedule.name == "gemv"
+    stream = {dev.name: heuristics.gemv_estimate_us(p, choice.config, 1, dev)
+              - heuristics.GEMV_LAUNCH_US for dev in (H100_SXM_CLUSTERS, H200)}
+    assert stream[H100_SXM_CLUSTERS.name] / stream[H200.name] == pytest.approx(
+        heuristics.dram_scale(H200), rel=1e-6)
+
+
+def test_copies_are_faster_on_faster_memory():
+    assert heuristics.copy_us(10 ** 9, H100_SXM) == pytest.approx(
+        2e9 / (heuristics.COPY_TBPS * 1e6))
+    assert heuristics.copy_us(10 ** 9, H200) == pytest.approx(
+        heuristics.copy_us(10 ** 9, H100_SXM) / heuristics.dram_scale(H200))
+
+
+@pytest.mark.parametrize("m,n,k,h100,h200", [
+    # Few rows over a long K: where the H100's DRAM holds the unsplit 64-row tiles to the
+    # splits' pace, the H200's leaves the k-blocks to decide (A/B on an H200: 1.31 x and
+    # 1.28 x; NOTES v0.52).
+    (64, 4096, 22592, "persistent 64x128", "split_k_parallel 64x128"),
+    (64, 3840, 17728, "persistent 64x128", "split_k_parallel 64x128"),
+    # Few columns: the 128 x 64 tiles split in clusters (1.18 x, 1.27 x).
+    (5312, 64, 30464, "persistent 128x64", "split_k_cluster 128x64"),
+    (4928, 64, 6720, "persistent 128x64", "split_k_cluster 128x64"),
+])
+def test_the_choice_follows_the_devices_memory(m, n, k, h100, h200):
+    p = Problem(m, n, k, 1, "bfloat16")
+    picks = [tuning.label(heuristics.choose(p, dev)) for dev in (H100_SXM_CLUSTERS, H200)]
+    assert picks[0].startswith(h100 + " ") and picks[1].startswith(h200 + " ")
+
+
+def test_few_row_tiles_in_one_wave_stream_at_the_h100s_rate():
+    """64 CTAs of 64-row tiles streamed B at the H100's rate on an H200 (few CTAs, not the
+    DRAM, cap them): their rate is scaled only past one wave, so on 4 x 8192 x 8192 the split
+    tiles' 128 CTAs win there (41.5 against 47.3 us on the H200; NOTES v0.52)."""
+    one_wave, two_waves = H200.sm_count, H200.sm_count + 1
+    assert heuristics._few_rows_dram_tbps(one_wave, H200) == heuristics.FEW_ROWS_DRAM_TBPS
+    assert heuristics._few_rows_dram_tbps(two_waves, H200) == pytest.approx(
+        heuristics.FEW_ROWS_DRAM_TBPS * heuristics.dram_scale(H200))
+    p = Problem(4, 8192, 8192, 1, "bfloat16")
+    assert tuning.label(heuristics.choose(p, H100_SXM_CLUSTERS)).startswith("persistent 64x128 ")
+    assert tuning.label(heuristics.choose(p, H200)).startswith("split_k_parallel 64x128 ")
+
+
+def test_the_pair_of_256_rows_takes_the_one_kernel_on_faster_memory():
+    """matmul_shared_a at 256 x 14336 x 4096: the two paths' models within 1 % on the H100
+    (composed); with the H200's DRAM the one kernel's read of A once decides."""
+    p = Problem(256, 14336, 4096, 1, "bfloat16")
+    pair = DUAL_B_SCHEDULES["shared_a"]
+    assert not heuristics.dual_b_pays(pair, p, H100_SXM_CLUSTERS)[0]
+    assert heuristics.dual_b_pays(pair, p, H200)[0]
+
+
+def test_gpu_tier_picks_hold_at_any_dram_bandwidth():
+    """The GPU tier's unforced narrow-tile and few-row cases whose rows TMA reads in place
+    take the schedule and tile they name at 0.6-1.6 x the H100's DRAM bandwidth, so that they
+    check the same kernels on an H100 and an H200."""
+    from test_gpu_narrow import CASES, NARROW
+    from test_gpu_short_tile import UNFORCED
+
+    cases = [(m, n, k, schedule, NARROW) for m, n, k, schedule in CASES.values()]
+    cases += [case for case in UNFORCED.values()]
+    for m, n, k, schedule, tile in cases:
+        if n % 8 or k % 8 or m % 8:   # read through copies or phase maps: another problem
+            continue
+        for scale in (0.6, 1.0, 1.44, 1.6):
+            dev = replace(H100_SXM_CLUSTERS, dram_tbps=H100_SXM.dram_tbps * scale)
+            label = tuning.label(heuristics.choose(Problem(m, n, k, 1, "bfloat16"), dev))
+            assert label.startswith(f"{schedule} {tile} ") and "tail" not in label, \
+                (m, n, k, scale, label)
