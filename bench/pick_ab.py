@@ -2,14 +2,16 @@
 """A heuristic change, measured against the rule it replaces: which sweep shapes it moves, and
 each moved shape's new pick timed against its old one.
 
-    python bench/pick_ab.py --seeds 11,13,17 --old "ONE_ROUND_SHORT_MAX_K_BLOCKS=0" --list
+    python bench/pick_ab.py --seeds 11,13,17 --old "ONE_ROUND_SHORT_MAX_K_BLOCKS=0" --list \\
+        [--dram-tbps 4.81]
     python bench/pick_ab.py --seeds 11,13,17 --old "STORE_BOUND_SHORT_MIN_N=1000000000" \\
         [--layout NN|NT|TN] [--budget-s 300] [--json OUT.json]
 
 The change is written as the heuristics constants that undo it (`--old`, NAME=VALUE pairs
 split by ';', each VALUE a Python literal): the current code's pick is "new", the pick under
 those constants "old". `--list` prints the moved shapes only (no GPU: the choices of an H100
-as it reports its cluster capacity, device.H100_SXM_CLUSTERS); otherwise each is timed on
+as it reports its cluster capacity, device.H100_SXM_CLUSTERS, or with `--dram-tbps` of such a
+device with that DRAM peak, e.g. an H200's 4.81); otherwise each is timed on
 the GPU (row-major operands, as bench/sweep.py draws them, or with `--layout` B given as the
 transposed view of an N x K weight (NT) or A as that of a K x M array (TN); both picks
 forced, interleaved with cupy.matmul and, where installed, torch.matmul, medians; the result
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+from dataclasses import replace
 import json
 import math
 import sys
@@ -223,6 +226,8 @@ def main(argv=None) -> int:
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="NN",
                    help="NN: row-major A and B; NT: B as w.T; TN: A as a.T")
     p.add_argument("--list", action="store_true", help="print the moved shapes only (no GPU)")
+    p.add_argument("--dram-tbps", type=float, default=None,
+                   help="with --list: the DRAM peak of the device the choices are made for")
     p.add_argument("--budget-s", type=float, default=None,
                    help="start no shape after this many seconds")
     p.add_argument("--json", default=None, help="also write the rows and summary here")
@@ -232,7 +237,10 @@ def main(argv=None) -> int:
         patches = parse_patches(args.old)
     except ValueError as e:
         p.error(str(e))
-    device = H100_SXM_CLUSTERS
+    if args.dram_tbps is not None and not args.list:
+        p.error("--dram-tbps is for --list: on the GPU the device reports its own")
+    device = (H100_SXM_CLUSTERS if args.dram_tbps is None
+              else replace(H100_SXM_CLUSTERS, dram_tbps=args.dram_tbps))
     if not args.list:
         import cupy
 

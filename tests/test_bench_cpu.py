@@ -429,6 +429,23 @@ def test_pick_ab_lists_the_shapes_a_change_moves():
                                 H100_SXM_CLUSTERS) == []
 
 
+def test_pick_ab_lists_the_moves_on_a_device_of_another_dram_peak(capsys):
+    """`--list --dram-tbps`: the choices of an H100-like device of that DRAM peak; undoing the
+    scaling (the reference peak set to the device's) moves what the H200's rates moved (NOTES
+    v0.52); on the GPU the device reports its own peak."""
+    h200 = "4.814304"
+    assert pick_ab.main(["--seeds", "681", "--old", f"REFERENCE_DRAM_TBPS={h200}", "--list",
+                         "--dram-tbps", h200]) == 0
+    out = capsys.readouterr().out
+    count = int(out.split()[0])
+    assert count > 0 and out.count(" -> ") == count
+    h100 = repr(pick_ab.heuristics.REFERENCE_DRAM_TBPS)   # the H100's own: nothing moves
+    assert pick_ab.main(["--seeds", "681", "--old", f"REFERENCE_DRAM_TBPS={h100}", "--list"]) == 0
+    assert capsys.readouterr().out.startswith("0 shapes")
+    with pytest.raises(SystemExit):
+        pick_ab.main(["--seeds", "681", "--old", "SPLIT_MORE_CTAS=1", "--dram-tbps", h200])
+
+
 def test_pick_ab_layouts_describe_the_operands_and_move_their_own_shapes():
     nt = pick_ab.layout_problem(128, 3520, 10368, "bfloat16", "NT")
     tn = pick_ab.layout_problem(128, 3520, 10368, "bfloat16", "TN")
