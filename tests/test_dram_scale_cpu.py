@@ -91,7 +91,7 @@ def test_gpu_tier_picks_hold_at_any_dram_bandwidth():
     from test_gpu_short_tile import UNFORCED
 
     cases = [(m, n, k, schedule, NARROW) for m, n, k, schedule in CASES.values()]
-    cases += [case for case in UNFORCED.values()]
+    cases += list(UNFORCED.values())
     for m, n, k, schedule, tile in cases:
         if n % 8 or k % 8 or m % 8:   # read through copies or phase maps: another problem
             continue
