@@ -701,7 +701,7 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
     rival = _short_tile_rival(problem, device) if forced is None and short and splits > 1 \
         else None
     spread = rival and _split_outnumbers_short_tiles(problem, device, rival,
-                                                     tiles * problem.batch * splits)
+                                                     tiles * splits)
     if rival and not spread and _short_tiles_beat_split(problem, device, estimate, rival):
         return None
     k_blocks = sched.k_blocks(problem, cfg)
@@ -766,7 +766,7 @@ def _split_outnumbers_short_tiles(problem: Problem, device: DeviceInfo, rival: C
     """Why a split of `split_ctas` CTAs is not held by the 64-row tiles `rival`
     (_short_tile_rival): it has SPLIT_MORE_CTAS x as many CTAs as those tiles (at most the
     SMs) over at least SPLIT_MORE_CTAS_MIN_K_BLOCKS k-blocks; None where it is not so."""
-    rival_tiles = _tiles(problem, rival.config.block_m, rival.config.block_n) * problem.batch
+    rival_tiles = _tiles(problem, rival.config.block_m, rival.config.block_n)
     if _k_blocks(problem) < SPLIT_MORE_CTAS_MIN_K_BLOCKS \
             or split_ctas < SPLIT_MORE_CTAS * min(rival_tiles, device.sm_count):
         return None
@@ -2027,7 +2027,7 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     cfg = pick.config
     if pick.schedule not in TAIL_MAIN_SCHEDULES or cfg.block_m != BLOCK_M:
         return None
-    tiles = _tiles(problem, cfg.block_m, cfg.block_n) * problem.batch
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     if tiles >= device.sm_count or _k_blocks(problem) < STREAM_K_MIN_K_BLOCKS:
         return None
     stream = _stream_k_choice(problem, device)

@@ -308,3 +308,12 @@ def test_few_rows_split_must_beat_the_unsplit_64x128_tiles():
         moved = choose(64, 5888, 8832, epilogue=True)
         assert moved.schedule is SplitKParallelSchedule and moved.splits > 1
     heuristics.choose.cache_clear()
+
+
+def test_a_batched_split_counts_each_tile_once():
+    """Two slices of 128 x 1152 x 25792: the split's CTAs (18 tiles of 128 x 128 in 5 splits)
+    and the 64-row tiles it outnumbers (36) are counted over the batch once, as the grid runs
+    them."""
+    c = choose(128, 1152, 25792, batch=2)
+    assert c.schedule.name == "split_k_cluster" and c.splits == 5
+    assert "90 CTAs, at least 1.4 x the 36 unsplit 64x128 tiles" in c.reason, c.reason

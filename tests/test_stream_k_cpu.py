@@ -125,6 +125,12 @@ def test_sub_wave_long_k_takes_stream_k():
     assert heuristics.choose(p, H100_SXM, "persistent").schedule is PersistentSchedule
 
 
+def test_sub_wave_counts_a_batchs_tiles_once():
+    """Two slices of 2560 x 256 x 15488: 80 tiles of 128 x 128 in all, under the 132 SMs."""
+    c = heuristics.choose(problem(2560, 256, 15488, 2), H100_SXM)
+    assert c.schedule is SK and "80 tiles of 128x128 would leave 52 of 132 SMs idle" in c.reason
+
+
 @pytest.mark.parametrize("m,n,k,batch,why", [
     (4800, 256, 64 * heuristics.STREAM_K_MIN_K_BLOCKS - 64, 1, "a k-block short of the rule"),
     (2816, 192, 8320, 1, "the 64 x 128 tile: no 128-row grid"),
