@@ -5,8 +5,10 @@ each moved shape's new pick timed against its old one.
     python bench/pick_ab.py --seeds 11,13,17 --old "ONE_ROUND_SHORT_MAX_K_BLOCKS=0" --list \\
         [--dram-tbps 4.81]
     python bench/pick_ab.py --seeds 11,13,17 --old "STORE_BOUND_SHORT_MIN_N=1000000000" \\
-        [--layout NN|NT|TN] [--budget-s 300] [--json OUT.json]
+        [--layout NN|NT|TN] [--draw sweep|decode] [--budget-s 300] [--json OUT.json]
 
+Each seed draws 200 shapes: the sweep's (bench/sweep.py), or with `--draw decode` products of
+1-16 rows (sweep_shapes.draw_decode_shape), which the sweep's 2 GFLOP floor leaves out.
 The change is written as the heuristics constants that undo it (`--old`, NAME=VALUE pairs
 split by ';', each VALUE a Python literal): the current code's pick is "new", the pick under
 those constants "old". `--list` prints the moved shapes only (no GPU: the choices of an H100
@@ -117,13 +119,20 @@ def layout_aligned(m: int, n: int, k: int, name: str) -> bool:
                for x in (a_line, b_line, n))
 
 
-def moved_shapes(seeds, patches: dict, device, layout_name: str = "NN") -> list[dict]:
-    """The shapes of the sweeps of `seeds` (rows TMA reads in place, in layout `layout_name`)
-    whose pick differs under `patches`: [{shape, dtype, new, old}] with the picks' tuning
-    labels."""
+# The shapes a seed draws: the sweep's (bench/sweep.py), or decode products of 1-16 rows
+# (sweep_shapes.draw_decode_shape), 200 of either.
+DRAWS = {"sweep": sweep_shapes.draw_shapes, "decode": sweep_shapes.draw_decode_shapes}
+SHAPES_PER_SEED = 200
+
+
+def moved_shapes(seeds, patches: dict, device, layout_name: str = "NN",
+                 draw: str = "sweep") -> list[dict]:
+    """The shapes of the draws `draw` (DRAWS) of `seeds` (rows TMA reads in place, in layout
+    `layout_name`) whose pick differs under `patches`: [{shape, dtype, new, old}] with the
+    picks' tuning labels."""
     problems = []
     for seed in seeds:
-        for s in sweep_shapes.draw_shapes(seed, 0, 200, ("bfloat16", "float16")):
+        for s in DRAWS[draw](seed, 0, SHAPES_PER_SEED, ("bfloat16", "float16")):
             if layout_aligned(s.m, s.n, s.k, layout_name):
                 problems.append(layout_problem(s.m, s.n, s.k, s.dtype, layout_name))
     heuristics.choose.cache_clear()
@@ -225,6 +234,8 @@ def main(argv=None) -> int:
                                                 "the change")
     p.add_argument("--layout", choices=sorted(LAYOUTS), default="NN",
                    help="NN: row-major A and B; NT: B as w.T; TN: A as a.T")
+    p.add_argument("--draw", choices=sorted(DRAWS), default="sweep",
+                   help="sweep: the sweep's shapes; decode: 1-16 rows, N and K 1024-32768")
     p.add_argument("--list", action="store_true", help="print the moved shapes only (no GPU)")
     p.add_argument("--dram-tbps", type=float, default=None,
                    help="with --list: the DRAM peak of the device the choices are made for")
@@ -247,8 +258,8 @@ def main(argv=None) -> int:
         from hopmm.device import query
 
         device = query(cupy.cuda.Device().id)
-    moved = moved_shapes(seeds, patches, device, args.layout)
-    print(f"{len(moved)} shapes of seeds {args.seeds} ({args.layout}) move under --old "
+    moved = moved_shapes(seeds, patches, device, args.layout, args.draw)
+    print(f"{len(moved)} {args.draw} shapes of seeds {args.seeds} ({args.layout}) move under --old "
           f"{args.old!r}")
     if args.list:
         for e in moved:
@@ -276,7 +287,8 @@ def main(argv=None) -> int:
     print(json.dumps(summary))
     if args.json:
         Path(args.json).write_text(json.dumps(dict(old=args.old, seeds=seeds,
-                                                   layout=args.layout, rows=rows,
+                                                   layout=args.layout, draw=args.draw,
+                                                   rows=rows,
                                                    summary=summary), indent=1))
     return 0 if all(r["ok"] for r in rows) else 1
 

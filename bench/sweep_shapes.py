@@ -135,3 +135,32 @@ def draw_shapes(seed: int, start: int, count: int, dtypes,
     if start < 0 or count < 0:
         raise ValueError(f"start and count must be >= 0, got start={start}, count={count}")
     return [draw_shape(seed, i, dtypes, max_gflop) for i in range(start, start + count)]
+
+
+# Decode draws (draw_decode_shape): the products of a model's layers at a decode step, which
+# the sweep's 2 GFLOP minimum leaves out below ~16 rows. M log-uniform in [1, DECODE_DRAW_ROWS],
+# N and K log-uniform in [DECODE_DRAW_DIM_MIN, DIM_MAX].
+DECODE_DRAW_ROWS = 16
+DECODE_DRAW_DIM_MIN = 1024
+
+
+def draw_decode_shape(seed: int, index: int, dtypes) -> Shape:
+    """Decode shape `index` of the draw `seed`, a function of (seed, index) alone like
+    draw_shape's; even indices have N and K rounded to multiples of ROUND_TO."""
+    if not dtypes:
+        raise ValueError("dtypes must name at least one dtype")
+    rng = random.Random(f"hopmm-decode/{seed}/{index}")
+    rounded = index % 2 == 0
+    m = round(math.exp(rng.uniform(0.0, math.log(DECODE_DRAW_ROWS))))
+    lo, hi = math.log(DECODE_DRAW_DIM_MIN), math.log(DIM_MAX)
+    n, k = (round(math.exp(rng.uniform(lo, hi))) for _ in range(2))
+    if rounded:
+        n, k = _round_to(n), _round_to(k)
+    return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+
+
+def draw_decode_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
+    """Decode shapes start .. start + count - 1 of the draw `seed`."""
+    if start < 0 or count < 0:
+        raise ValueError(f"start and count must be >= 0, got start={start}, count={count}")
+    return [draw_decode_shape(seed, i, dtypes) for i in range(start, start + count)]

@@ -933,9 +933,11 @@ def _plain_us(problem: Problem, device: DeviceInfo) -> float:
 # GEMV_INFLIGHT_PER_SM the grid's CTAs keep in flight (fewer CTAs, fewer loads).
 # - GEMV_DRAM_TBPS: B streamed at 0.95 of a device-to-device copy (1 x 8192 x 8192, K-major B,
 #   H100: 2.85 TB/s; bench/NOTES.md v0.18);
-# - GEMV_FMA_TFLOPS: the fp32 FMA rate with the bf16 -> fp32 conversions, as measured at 8
-#   rows of N-major B (v0.29: 12 TFLOP/s; v0.18 read ~21 at 16 rows), so from ~8 rows on the
-#   tile kernels' tensor cores win;
+# - GEMV_FMA_TFLOPS: the fp32 FMA rate with the bf16 -> fp32 conversions: 12 TFLOP/s as
+#   measured at 8 rows of N-major B (v0.29), so from ~8 rows on the tensor cores win;
+#   GEMV_FMA_K_MAJOR_TFLOPS: the K-major loops of at most GEMV_FMA_K_MAJOR_MAX_ROWS rows (one
+#   vector along K per column, two CTAs per SM by registers) stream B at the memory bound
+#   from 1 to 4 rows (v0.53); their 8 and 16 rows hold one CTA per SM, 12-21 TFLOP/s by grid;
 # - GEMV_MMA_TFLOPS: the tensor-core loops' rate (GemvConfig.mma, 8-16 rows): mma.sync's
 #   bound is far above any stream's, so memory decides (predicted; NOTES v0.21);
 # - GEMV_MMA_DRAM_TBPS: the tensor-core loops' stream rate by B's layout, in place of
@@ -954,6 +956,8 @@ def _plain_us(problem: Problem, device: DeviceInfo) -> float:
 #   CTAs they add (predicted).
 GEMV_DRAM_TBPS = 2.85
 GEMV_FMA_TFLOPS = 12.0
+GEMV_FMA_K_MAJOR_TFLOPS = 18.0
+GEMV_FMA_K_MAJOR_MAX_ROWS = 4
 GEMV_MMA_TFLOPS = 200.0
 GEMV_MMA_DRAM_TBPS = {"k": 2.75, "n": 2.35}
 GEMV_LAUNCH_US = 2.0
@@ -991,6 +995,15 @@ def _gemv_ctas_wanted(cfg: GemvConfig, device: DeviceInfo) -> int:
     return -(-device.sm_count * GEMV_INFLIGHT_PER_SM // cfg.inflight_bytes)
 
 
+def _gemv_tflops(cfg: GemvConfig) -> float:
+    """The compute rate of gemv's loops of `cfg` (the model's constants above)."""
+    if cfg.mma:
+        return GEMV_MMA_TFLOPS
+    if not cfg.trans_b and cfg.max_rows <= GEMV_FMA_K_MAJOR_MAX_ROWS:
+        return GEMV_FMA_K_MAJOR_TFLOPS
+    return GEMV_FMA_TFLOPS
+
+
 def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: DeviceInfo) -> float:
     """The gemv model above, in microseconds (of the kernel's problem: with trans_c the
     transposed one)."""
@@ -1005,7 +1018,7 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS) * scale
     memory = bytes_ / (rate * 1e6 * fill) * (GEMV_IN_PLACE_SLOWDOWN if cfg.in_place else 1.0)
     compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
-               / ((GEMV_MMA_TFLOPS if cfg.mma else GEMV_FMA_TFLOPS) * 1e6))
+               / (_gemv_tflops(cfg) * 1e6))
     split = 0.0
     if splits > 1:
         partials = 2 * ctas * cfg.max_rows * cfg.block_n * F32_BYTES

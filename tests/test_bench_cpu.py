@@ -441,9 +441,27 @@ def test_pick_ab_lists_the_moves_on_a_device_of_another_dram_peak(capsys):
     assert count > 0 and out.count(" -> ") == count
     h100 = repr(pick_ab.heuristics.REFERENCE_DRAM_TBPS)   # the H100's own: nothing moves
     assert pick_ab.main(["--seeds", "681", "--old", f"REFERENCE_DRAM_TBPS={h100}", "--list"]) == 0
-    assert capsys.readouterr().out.startswith("0 shapes")
+    assert capsys.readouterr().out.startswith("0 sweep shapes")
     with pytest.raises(SystemExit):
         pick_ab.main(["--seeds", "681", "--old", "SPLIT_MORE_CTAS=1", "--dram-tbps", h200])
+
+
+def test_pick_ab_draws_decode_shapes(capsys):
+    """`--draw decode`: products of 1-16 rows; v0.53's K-major FMA rate moves 3-4 row products
+    of a K-major B (NT) on an H200-like device, none on the H100 and none of an N-major B."""
+    old = "GEMV_FMA_K_MAJOR_TFLOPS=12.0"
+    h200 = "4.814304"
+    assert pick_ab.main(["--draw", "decode", "--seeds", "801", "--layout", "NT", "--old", old,
+                         "--list", "--dram-tbps", h200]) == 0
+    out = capsys.readouterr().out
+    count = int(out.split()[0])
+    assert out.split()[1] == "decode" and count > 0 and out.count(" -> gemv ") == count
+    rows = [int(line.split("x")[0]) for line in out.splitlines()[1:]]
+    assert len(rows) == count and all(3 <= m <= 4 for m in rows)
+    for args in (["--layout", "NT"], ["--layout", "NN", "--dram-tbps", h200]):
+        assert pick_ab.main(["--draw", "decode", "--seeds", "801", "--old", old, "--list",
+                             *args]) == 0
+        assert capsys.readouterr().out.startswith("0 decode shapes")
 
 
 def test_pick_ab_layouts_describe_the_operands_and_move_their_own_shapes():

@@ -339,6 +339,30 @@ def test_model_terms():
         1.8 * est(p16, big, heuristics.gemv_splits(p16, big, H100_SXM), H100_SXM)
 
 
+@pytest.mark.parametrize("rows", [2, 3, 4])
+def test_few_rows_of_k_major_b_stream_at_the_memory_bound(rows):
+    """The K-major CUDA-core loops of 2-4 rows ran at the memory bound on an H200 (16-21
+    TFLOP/s at 8 and 16 rows), not at the N-major loops' 12 (NOTES v0.53): with that DRAM
+    (1.44 x the H100's) 2-4 rows of 8192 x 8192 stream B in gemv, where 12 TFLOP/s had sent 3
+    and 4 rows to split_k_parallel (41.3-41.6 us against gemv's 36.6-37.0); the 8-row loops,
+    one CTA per SM, keep the lower rate, and N-major B keeps the tiles."""
+    h200 = replace(H100_SXM, dram_tbps=H100_SXM.dram_tbps * 1.44)
+    p = Problem(rows, 8192, 8192, 1, "bfloat16", b_major="k")
+    choice = heuristics.choose(p, h200)
+    assert choice.schedule is GemvSchedule and not choice.config.mma
+    cfg = choice.config
+    assert heuristics._gemv_tflops(cfg) == heuristics.GEMV_FMA_K_MAJOR_TFLOPS
+    memory_bound = heuristics.gemv_estimate_us(p, cfg, choice.splits, h200)
+    with_n_major_rate = replace(cfg, trans_b=True, cols=1, unroll=8, warps=8)
+    assert heuristics._gemv_tflops(with_n_major_rate) == heuristics.GEMV_FMA_TFLOPS
+    compute = 2 * cfg.max_rows * 8192 * 8192 / (heuristics.GEMV_FMA_K_MAJOR_TFLOPS * 1e6)
+    assert compute < memory_bound - heuristics.GEMV_LAUNCH_US
+    eight = GemvConfig.default("bfloat16", False, False, 8, mma=False)
+    assert heuristics._gemv_tflops(eight) == heuristics.GEMV_FMA_TFLOPS
+    n_major = heuristics.choose(Problem(rows, 8192, 8192, 1, "bfloat16", b_major="n"), h200)
+    assert n_major.schedule is not GemvSchedule
+
+
 def test_max_rows_steps_cover_the_heuristic_limit():
     assert GEMV_MAX_ROWS[-1] >= heuristics.GEMV_MAX_M
 

@@ -53,6 +53,27 @@ def test_even_indices_are_multiples_of_64_and_dtypes_cycle_every_two(seed):
     assert {s.dtype for s in shapes if s.rounded} == {s.dtype for s in odd} == set(DTYPES)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decode_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
+    shapes = sweep_shapes.draw_decode_shapes(seed, 0, len(INDICES), DTYPES)
+    assert sweep_shapes.draw_decode_shapes(seed, 30, 10, DTYPES) == shapes[30:40]
+    for s in shapes:
+        assert 1 <= s.m <= sweep_shapes.DECODE_DRAW_ROWS, s
+        assert all(sweep_shapes.DECODE_DRAW_DIM_MIN <= x <= sweep_shapes.DIM_MAX
+                   for x in (s.n, s.k)), s
+        assert s.rounded == (s.index % 2 == 0) and s.dtype == DTYPES[(s.index // 2) % 2]
+        if s.rounded:
+            assert s.n % 64 == 0 and s.k % 64 == 0, s
+    # the rows spread over 1-16 (log-uniform: one row and sixteen both drawn)
+    assert {1, sweep_shapes.DECODE_DRAW_ROWS} <= {s.m for s in shapes}
+    assert len({s.m for s in shapes}) >= 12
+    assert [s.label for s in shapes] != [s.label for s in
+                                         sweep_shapes.draw_decode_shapes(seed + 1, 0, len(INDICES),
+                                                                         DTYPES)]
+    with pytest.raises(ValueError, match="dtype"):
+        sweep_shapes.draw_decode_shape(seed, 0, [])
+
+
 def test_the_generator_refuses_what_it_cannot_draw():
     with pytest.raises(ValueError, match="max_gflop"):
         draw_shape(1, 0, DTYPES, max_gflop=1.0)
