@@ -353,8 +353,8 @@ def test_few_rows_of_k_major_b_stream_at_the_memory_bound(rows):
     cfg = choice.config
     assert heuristics._gemv_tflops(cfg) == heuristics.GEMV_FMA_K_MAJOR_TFLOPS
     memory_bound = heuristics.gemv_estimate_us(p, cfg, choice.splits, h200)
-    with_n_major_rate = replace(cfg, trans_b=True, cols=1, unroll=8, warps=8)
-    assert heuristics._gemv_tflops(with_n_major_rate) == heuristics.GEMV_FMA_TFLOPS
+    n_major_loops = GemvConfig.default("bfloat16", False, True, rows, mma=False)
+    assert heuristics._gemv_tflops(n_major_loops) == heuristics.GEMV_FMA_TFLOPS
     compute = 2 * cfg.max_rows * 8192 * 8192 / (heuristics.GEMV_FMA_K_MAJOR_TFLOPS * 1e6)
     assert compute < memory_bound - heuristics.GEMV_LAUNCH_US
     eight = GemvConfig.default("bfloat16", False, False, 8, mma=False)
