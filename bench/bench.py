@@ -762,6 +762,14 @@ def command_line(argv: list[str], script: str = "bench/bench.py") -> str:
     return "python " + " ".join(words)
 
 
+def _dram_tbps(cp) -> float | None:
+    """The device's DRAM peak as hopmm reads it (hopmm.device.query), which scales the
+    heuristic's DRAM rates: bench/model_audit.py rebuilds the choices with it."""
+    from hopmm.device import query
+
+    return query(cp.cuda.Device().id).dram_tbps
+
+
 def device_metadata(ctx: Context, command: str) -> dict:
     """The machine, the software and the command of a run (bench/sweep.py shares it)."""
     cp, torch = ctx.cupy, ctx.torch
@@ -772,6 +780,7 @@ def device_metadata(ctx: Context, command: str) -> dict:
         "sm_count": int(ctx.props["multiProcessorCount"]),
         "compute_capability": f"{ctx.props['major']}.{ctx.props['minor']}",
         "l2_bytes": ctx.l2_bytes,
+        "dram_tbps": _dram_tbps(cp),
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": command,
         "python": platform.python_version(),

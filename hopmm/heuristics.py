@@ -910,16 +910,23 @@ def _composed_us(schedule, problem: Problem, device: DeviceInfo) -> float:
     return us
 
 
-def _plain_us(problem: Problem, device: DeviceInfo) -> float:
-    """A plain product's time by the model of the heuristic's choice for it; where that choice
-    has none, its floor: the DRAM bytes at COPY_TBPS or the compute at FLOOR_TFLOPS."""
-    choice = choose(problem, device)
+def estimate_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | None:
+    """The time the model that made `choice` gives it on `problem` (gemv's, the few-row tiles',
+    the split-K models', the wave model, stream-K's; a choice with a wave tail: its main
+    kernel's over the whole problem); None for the schedules no model times."""
     if choice.schedule is GemvSchedule:
         return gemv_estimate_us(problem, choice.config, choice.splits, device)
     if (choice.config.block_m, choice.config.block_n) == FEW_ROWS_TILE and \
             choice.schedule in TAIL_MAIN_SCHEDULES and _few_rows(problem, device):
         return _few_rows_us(problem, device)
-    us = _choice_us(choice, problem, device)
+    return _choice_us(choice, problem, device)
+
+
+def _plain_us(problem: Problem, device: DeviceInfo) -> float:
+    """A plain product's time by the model of the heuristic's choice for it; where that choice
+    has none, its floor: the DRAM bytes at COPY_TBPS or the compute at FLOOR_TFLOPS."""
+    choice = choose(problem, device)
+    us = estimate_us(choice, problem, device)
     if us is None:
         us = max(_dram_bytes(problem) / (COPY_TBPS * dram_scale(device) * 1e6),
                  2 * problem.batch * problem.m * problem.n * problem.k / (FLOOR_TFLOPS * 1e6))
