@@ -1,23 +1,15 @@
 """bench/model_audit.py: the heuristic's models against sweep timings, on sweep files written
 here (no GPU)."""
-import importlib.util
 import json
 import math
+import sys
 from pathlib import Path
 
 import pytest
 
-BENCH_DIR = Path(__file__).resolve().parents[1] / "bench"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+import model_audit as audit  # noqa: E402
 
-
-def _load(name, filename):
-    spec = importlib.util.spec_from_file_location(name, BENCH_DIR / filename)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-audit = _load("hopmm_model_audit_under_test", "model_audit.py")
 H100_META = {"device": "NVIDIA H100 80GB HBM3", "sm_count": 132}
 
 
