@@ -762,16 +762,10 @@ def command_line(argv: list[str], script: str = "bench/bench.py") -> str:
     return "python " + " ".join(words)
 
 
-def _dram_tbps(cp) -> float | None:
-    """The device's DRAM peak as hopmm reads it (hopmm.device.query), which scales the
-    heuristic's DRAM rates: bench/model_audit.py rebuilds the choices with it."""
-    from hopmm.device import query
-
-    return query(cp.cuda.Device().id).dram_tbps
-
-
 def device_metadata(ctx: Context, command: str) -> dict:
     """The machine, the software and the command of a run (bench/sweep.py shares it)."""
+    from hopmm.device import query
+
     cp, torch = ctx.cupy, ctx.torch
     name = ctx.props["name"]
     name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
@@ -780,7 +774,8 @@ def device_metadata(ctx: Context, command: str) -> dict:
         "sm_count": int(ctx.props["multiProcessorCount"]),
         "compute_capability": f"{ctx.props['major']}.{ctx.props['minor']}",
         "l2_bytes": ctx.l2_bytes,
-        "dram_tbps": _dram_tbps(cp),
+        # the DRAM peak that scales the heuristic's rates (bench/model_audit.py reads it)
+        "dram_tbps": query(cp.cuda.Device().id).dram_tbps,
         "date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
         "command": command,
         "python": platform.python_version(),

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from collections import defaultdict
 from dataclasses import replace
@@ -24,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pick_ab  # noqa: E402
+from sweep_report import geomean  # noqa: E402
 from bench import CUPY_DTYPE_NAMES  # noqa: E402
 
 from hopmm import heuristics  # noqa: E402
@@ -102,7 +102,7 @@ def summarize(rows: list[dict], keys: tuple, min_rows: int) -> list[dict]:
         if len(ratios) < min_rows:
             continue
         out.append(dict(zip(keys, key), rows=len(ratios),
-                        geomean=math.exp(sum(map(math.log, ratios)) / len(ratios)),
+                        geomean=geomean(ratios),
                         p10=ratios[len(ratios) // 10], p90=ratios[9 * len(ratios) // 10]))
     return out
 

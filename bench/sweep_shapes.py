@@ -132,9 +132,13 @@ def draw_shape(seed: int, index: int, dtypes, max_gflop: float = DEFAULT_MAX_GFL
 def draw_shapes(seed: int, start: int, count: int, dtypes,
                 max_gflop: float = DEFAULT_MAX_GFLOP) -> list[Shape]:
     """Shapes start .. start + count - 1 of the sweep `seed`."""
+    return [draw_shape(seed, i, dtypes, max_gflop) for i in _indices(start, count)]
+
+
+def _indices(start: int, count: int) -> range:
     if start < 0 or count < 0:
         raise ValueError(f"start and count must be >= 0, got start={start}, count={count}")
-    return [draw_shape(seed, i, dtypes, max_gflop) for i in range(start, start + count)]
+    return range(start, start + count)
 
 
 # Decode draws (draw_decode_shape): the products of a model's layers at a decode step, which
@@ -161,6 +165,4 @@ def draw_decode_shape(seed: int, index: int, dtypes) -> Shape:
 
 def draw_decode_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
     """Decode shapes start .. start + count - 1 of the draw `seed`."""
-    if start < 0 or count < 0:
-        raise ValueError(f"start and count must be >= 0, got start={start}, count={count}")
-    return [draw_decode_shape(seed, i, dtypes) for i in range(start, start + count)]
+    return [draw_decode_shape(seed, i, dtypes) for i in _indices(start, count)]
