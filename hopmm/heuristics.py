@@ -1,11 +1,14 @@
 """Problem -> (schedule, config): a pure function of the problem and the device description,
-so it is tested without a GPU."""
+so it is tested without a GPU (gemv's split count reads its kernel's registers, compiled by
+NVRTC, which needs none)."""
 from __future__ import annotations
 
 import functools
 import math
 from dataclasses import dataclass, replace
 
+from . import occupancy
+from .compile import compile_schedule
 from .device import H100_SXM, DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
@@ -961,6 +964,10 @@ def _plain_us(problem: Problem, device: DeviceInfo) -> float:
 #   CTAs give (its split counts were the best measured on three of four v0.18 shapes);
 # - GEMV_MIN_SPLIT_K: elements of K per split below which the partials cost more than the
 #   CTAs they add (predicted).
+# The K split (gemv_splits) counts rounds: a grid past the CTAs the SMs hold at once
+# (gemv_resident_ctas: by registers, two per SM for the K-major CUDA-core loops of 1-4 rows)
+# runs its last CTAs as a round of their own, as long as the first: fewer splits ran 1.25 x
+# faster on the 80 decode products of two seeded sets whose count this moved (NOTES v0.54).
 GEMV_DRAM_TBPS = 2.85
 GEMV_FMA_TFLOPS = 12.0
 GEMV_FMA_K_MAJOR_TFLOPS = 18.0
@@ -985,16 +992,59 @@ GEMV_N_MAJOR_MAX_ROWS = 1
 
 
 def gemv_splits(problem: Problem, cfg: GemvConfig, device: DeviceInfo) -> int:
+    """Of the split counts up to _gemv_splits_wanted, the one whose grid streams B in the
+    fewest round-times (_gemv_rounds_cost; ties: fewer splits); 1 where the tiles alone fill
+    the SMs. Rows read in place keep the wanted count: their choice against the aligned copies
+    and cupy.matmul was fitted with it, and cuBLAS's model on such rows, which that choice
+    weighs, ran 5-8 x optimistic on decode products (NOTES v0.54)."""
+    wanted = _gemv_splits_wanted(problem, cfg, device)
+    ctas = _gemv_grid_ctas(problem, cfg)
+    if wanted == 1 or wanted * ctas <= device.sm_count or cfg.in_place:
+        return wanted
+    resident = gemv_resident_ctas(cfg, device)
+    full = _gemv_ctas_wanted(cfg, device)
+    return min(range(1, wanted + 1),
+               key=lambda s: _gemv_rounds_cost(s * ctas, resident, full) / s)
+
+
+def _gemv_rounds_cost(ctas: int, resident: int, full: int) -> int:
+    """B's stream time, in units of one CTA's share, of a grid of `ctas` CTAs that runs in
+    rounds of `resident` at once, each round at the share of the DRAM rate its CTAs keep in
+    flight (those of fewer than `full` CTAs take as long as `full` would)."""
+    rounds, last = divmod(ctas, resident)
+    return rounds * max(resident, full) + (max(last, full) if last else 0)
+
+
+def _gemv_splits_wanted(problem: Problem, cfg: GemvConfig, device: DeviceInfo) -> int:
     """The fewest K splits whose CTAs keep GEMV_INFLIGHT_PER_SM in flight on every SM,
     keeping GEMV_MIN_SPLIT_K elements of K per split and within the schedule's bound; 1 where
     the tiles alone do."""
     batch_count = min(problem.batch, MAX_GRID_Z)
-    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)   # of the kernel's problem
-    ctas = row_groups * col_blocks * batch_count
-    wanted = -(-_gemv_ctas_wanted(cfg, device) // ctas)
+    wanted = -(-_gemv_ctas_wanted(cfg, device) // _gemv_grid_ctas(problem, cfg))
     top = min(GemvSchedule.max_splits(problem, cfg, batch_count),
               max(1, problem.k // GEMV_MIN_SPLIT_K))
     return max(1, min(wanted, top))
+
+
+def _gemv_grid_ctas(problem: Problem, cfg: GemvConfig) -> int:
+    """CTAs of gemv's unsplit grid: its tiles of every batch slice the grid holds."""
+    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)   # of the kernel's problem
+    return row_groups * col_blocks * min(problem.batch, MAX_GRID_Z)
+
+
+def gemv_resident_ctas(cfg: GemvConfig, device: DeviceInfo) -> int:
+    """CTAs of gemv's kernel at `cfg` that the device's SMs run at once (its compiled
+    registers, threads and shared memory; at least one per SM)."""
+    per_sm = occupancy.resident_ctas_per_sm(_gemv_registers(cfg), cfg.threads,
+                                            GemvSchedule.smem_bytes(cfg),
+                                            device.smem_per_block_optin)
+    return max(1, per_sm) * device.sm_count
+
+
+@functools.lru_cache(maxsize=256)
+def _gemv_registers(cfg: GemvConfig) -> int:
+    """Registers a thread of gemv's kernel at `cfg` takes, as compiled (cached on disk)."""
+    return compile_schedule(GemvSchedule, cfg).report.registers
 
 
 def _gemv_ctas_wanted(cfg: GemvConfig, device: DeviceInfo) -> int:
@@ -1033,14 +1083,15 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     return max(memory, compute) + GEMV_LAUNCH_US + split
 
 
-def _unsplit_narrow(problem: Problem, cfg: GemvConfig, splits: int,
+def _unsplit_narrow(problem: Problem, cfg: GemvConfig,
                     device: DeviceInfo) -> GemvConfig | None:
     """The narrow config (GemvConfig.narrow) where its twice as many column blocks keep the
-    SMs busy without the K split that `cfg` needs, else None. Its tiles then skip the split's
+    SMs busy without the K split that `cfg` wants, else None. Its tiles then skip the split's
     partials and the last CTA's sum: 1.09-1.41 x on the four such problems of a seeded decode
     set, where with splits on both sides it ranged 0.90-1.06 (NOTES v0.36)."""
     narrow = cfg.narrow()
-    if splits == 1 or narrow is None or gemv_splits(problem, narrow, device) > 1:
+    if narrow is None or _gemv_splits_wanted(problem, cfg, device) == 1 \
+            or _gemv_splits_wanted(problem, narrow, device) > 1:
         return None
     return narrow
 
@@ -1070,10 +1121,10 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
             continue
         cfg = GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, trans_c, mma,
                                  in_place)
-        splits = gemv_splits(problem, cfg, device)
-        narrow = _unsplit_narrow(problem, cfg, splits, device)
+        narrow = _unsplit_narrow(problem, cfg, device)
         if narrow is not None:
-            cfg, splits = narrow, 1
+            cfg = narrow
+        splits = 1 if narrow is not None else gemv_splits(problem, cfg, device)
         options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits,
                         narrow is not None))
     estimate, _, cfg, splits, narrowed = min(options, key=lambda o: o[:2])
@@ -1604,6 +1655,10 @@ def _persistent_choice(problem: Problem, device: DeviceInfo, schedule: str | Non
 # 0.99-1.13) and 0.96 x on smaller results (9, 0.87-1.03) (NOTES v0.40; v0.32 and v0.38 for
 # the rules before). Results stored by rows (KernelConfig.row_store) take the short-K row
 # store's tile instead (_short_k_row_store).
+# That tile's one consumer warpgroup per SM stores C at no more than STORE_BOUND_SHORT_TILE_TBPS
+# over the SMs: it wins only where DRAM writes no faster, at STORE_BOUND_WRITE_TBPS on an H100
+# (scaled by dram_scale). On an H200 (3.7 TB/s by that scale) it wrote 2.7-2.9 TB/s where the
+# 128-row tiles' two consumers wrote 3.1-3.7 (8 results of 150-830 MB; NOTES v0.54).
 STORE_BOUND_MAX_K_BLOCKS = 2
 STORE_BOUND_C_SHARE = 10
 STORE_BOUND_RASTER_GROUP = 1
@@ -1611,6 +1666,8 @@ STORE_BOUND_WIDTHS = (256, 192)
 STORE_BOUND_SHORT_MAX_K_BLOCKS = 1
 STORE_BOUND_SHORT_MIN_N = 7168
 STORE_BOUND_SHORT_MIN_BYTES = 96 << 20
+STORE_BOUND_SHORT_TILE_TBPS = 2.8
+STORE_BOUND_WRITE_TBPS = 2.57
 
 
 def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
@@ -1619,12 +1676,20 @@ def _store_bound(problem: Problem, device: DeviceInfo) -> bool:
             and _tiles(problem, BLOCK_M, STORE_BOUND_WIDTHS[0]) > device.sm_count)
 
 
+def short_store_tile_keeps_pace(device: DeviceInfo) -> bool:
+    """Whether the 64 x 256 store-bound tile stores C as fast as `device`'s DRAM writes it
+    (STORE_BOUND_SHORT_TILE_TBPS against STORE_BOUND_WRITE_TBPS scaled by dram_scale)."""
+    return STORE_BOUND_WRITE_TBPS * dram_scale(device) <= STORE_BOUND_SHORT_TILE_TBPS
+
+
 def _store_bound_tile(problem: Problem, device: DeviceInfo) -> tuple[tuple[int, int], str]:
     """(the store-bound tile (above), why): 64 x 256 for large results of wide rows at one
-    k-block, else the 128-row width whose whole waves put the fewest tile bytes on an SM."""
-    if (_k_blocks(problem) <= STORE_BOUND_SHORT_MAX_K_BLOCKS
-            and problem.n >= STORE_BOUND_SHORT_MIN_N
-            and _result_bytes(problem) >= STORE_BOUND_SHORT_MIN_BYTES):
+    k-block where DRAM writes no faster than that tile stores, else the 128-row width whose
+    whole waves put the fewest tile bytes on an SM."""
+    short = (_k_blocks(problem) <= STORE_BOUND_SHORT_MAX_K_BLOCKS
+             and problem.n >= STORE_BOUND_SHORT_MIN_N
+             and _result_bytes(problem) >= STORE_BOUND_SHORT_MIN_BYTES)
+    if short and short_store_tile_keeps_pace(device):
         return (WGMMA_M, STORE_BOUND_WIDTHS[0]), (
             f"one k-block, a result of at least {STORE_BOUND_SHORT_MIN_BYTES >> 20} MiB in "
             f"rows of at least {STORE_BOUND_SHORT_MIN_N} columns")
@@ -1636,9 +1701,12 @@ def _store_bound_tile(problem: Problem, device: DeviceInfo) -> tuple[tuple[int, 
         return waves(width) * BLOCK_M * width * ELEM_BYTES
 
     width, other = sorted(STORE_BOUND_WIDTHS, key=per_sm)   # sorted keeps the first of ties
-    return (BLOCK_M, width), (
-        f"{waves(width)} waves of {BLOCK_M}x{width} tiles write {per_sm(width) >> 10} KiB an SM, "
-        f"{waves(other)} of {BLOCK_M}x{other} {per_sm(other) >> 10}")
+    why = (f"{waves(width)} waves of {BLOCK_M}x{width} tiles write {per_sm(width) >> 10} KiB an "
+           f"SM, {waves(other)} of {BLOCK_M}x{other} {per_sm(other) >> 10}")
+    if short:
+        why += (f"; not {WGMMA_M}x{STORE_BOUND_WIDTHS[0]}, whose one consumer per SM stores at "
+                f"most {STORE_BOUND_SHORT_TILE_TBPS:g} TB/s, below this device's DRAM")
+    return (BLOCK_M, width), why
 
 
 def _store_bound_choice(problem: Problem, device: DeviceInfo, why: str) -> Choice | None:

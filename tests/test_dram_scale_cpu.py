@@ -100,3 +100,21 @@ def test_gpu_tier_picks_hold_at_any_dram_bandwidth():
             label = tuning.label(heuristics.choose(Problem(m, n, k, 1, "bfloat16"), dev))
             assert label.startswith(f"{schedule} {tile} ") and "tail" not in label, \
                 (m, n, k, scale, label)
+
+
+@pytest.mark.parametrize("m,n,k", [(31872, 14080, 64), (7000, 8192, 64), (9024, 8320, 64)])
+def test_the_short_store_tile_only_where_dram_binds(m, n, k):
+    """Store-bound results at one k-block: the 64 x 256 tile, whose one consumer per SM stores
+    C at up to STORE_BOUND_SHORT_TILE_TBPS, on the H100, whose DRAM writes no faster; on the
+    H200 the 128-row tiles' two consumers (1.19 x on 15 such products there, NOTES v0.54)."""
+    assert heuristics.short_store_tile_keeps_pace(H100_SXM_CLUSTERS)
+    assert not heuristics.short_store_tile_keeps_pace(H200)
+    p = Problem(m, n, k, 1, "bfloat16")
+    h100, h200 = (heuristics.choose(p, dev) for dev in (H100_SXM_CLUSTERS, H200))
+    assert (h100.config.block_m, h100.config.block_n) == (64, 256)
+    assert h200.config.block_m == 128 and h200.config.block_n in heuristics.STORE_BOUND_WIDTHS
+    for c in (h100, h200):
+        assert "the stores set the pace" in c.reason
+        assert c.raster_group == heuristics.STORE_BOUND_RASTER_GROUP
+    assert "not 64x256, whose one consumer per SM stores at most" in h200.reason
+    assert "whose one consumer" not in h100.reason

@@ -229,11 +229,11 @@ def test_narrow_tensor_core_ctas_instead_of_a_k_split(m, n, k, narrow):
     flight) need none, the narrow ones run unsplit (NOTES v0.36: 1.13 x on 24 problems)."""
     p = Problem(m, n, k, 1, "bfloat16", b_major="k")
     wide = GemvConfig.default("bfloat16", False, False, m)
-    assert heuristics.gemv_splits(p, wide, H100_SXM) > 1 or not narrow
+    assert heuristics._gemv_splits_wanted(p, wide, H100_SXM) > 1 or not narrow
     c = heuristics.choose(p, H100_SXM)
     assert c.schedule is GemvSchedule and c.config.mma
     if narrow:
-        assert heuristics.gemv_splits(p, wide, H100_SXM) > 1
+        assert heuristics._gemv_splits_wanted(p, wide, H100_SXM) > 1
         assert c.config == wide.narrow() and c.splits == 1
         assert (c.config.warps, c.config.unroll) == (wide.warps // 2, wide.unroll * 2)
         assert c.config.inflight_bytes == wide.inflight_bytes

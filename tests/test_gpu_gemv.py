@@ -435,3 +435,26 @@ def test_unaligned_decode_takes_gemv_in_place(m, n, k):
     assert rel_err(first, a, b) < TOL[dtype]
     assert bool((poisoned_matmul(a, b).view(cupy.uint16) == first.view(cupy.uint16)).all())
     assert counters_zero()
+
+
+@pytest.mark.parametrize("mma,in_place,rows", [(False, False, 1), (False, False, 4),
+                                               (False, False, 8), (True, False, 16),
+                                               (False, True, 4), (True, True, 16)])
+def test_residency_is_the_drivers(mma, in_place, rows):
+    """The CTAs per SM gemv's split count is bounded by (heuristics.gemv_resident_ctas, from
+    the compiled registers, threads and shared memory) are what the driver's occupancy query
+    gives for the loaded kernel."""
+    import cupy
+
+    from hopmm import heuristics, launch
+    from hopmm.device import query
+    from hopmm.schedules import GemvConfig, GemvSchedule
+
+    device_id = cupy.cuda.Device().id
+    dev = query(device_id)
+    cfg = GemvConfig.default("bfloat16", False, False, rows, False, mma, in_place)
+    loaded, smem, _ = launch._checked_kernel(GemvSchedule, cfg, device_id)
+    per_sm = cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(loaded.kernel.ptr,
+                                                                        cfg.threads, smem)
+    assert per_sm >= 1
+    assert heuristics.gemv_resident_ctas(cfg, dev) == per_sm * dev.sm_count, (cfg.tag, per_sm)

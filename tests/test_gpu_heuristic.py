@@ -187,18 +187,25 @@ def test_routed_repeats_are_cupy_matmul_bit_for_bit(dtype, m, n, k):
                                         (8000, 7912, 40, "64x256")])    # B rows off lines
 def test_store_bound_choice(m, n, k, tile, layout):
     """At most two k-blocks and a large result (heuristics._store_bound): the persistent
-    kernel with the whole tile staged per consumer, waves along rows of tiles; every element
-    written (NaN-poisoned output, a spare row after it), bitwise repeatable."""
+    kernel with the whole tile staged per consumer, waves along rows of tiles (the 64 x 256
+    tile only where the device's DRAM writes no faster than it stores); every element written
+    (NaN-poisoned output, a spare row after it), bitwise repeatable."""
     import cupy
 
     import hopmm
     from forced import operands
 
+    from hopmm.device import query
+
     a, b = operands(m, n, k, "float16", layout[0] == "T", layout[1] == "T")
     buf = cupy.full((m + 1) * n, cupy.nan, dtype="float16")
     out = buf[:m * n].reshape(m, n)
     text = hopmm.explain(a, b, out)
-    assert "the stores set the pace" in text and f"{tile} tiles" in text, text
+    tiles = [f"so {tile} tiles"]
+    if tile == "64x256" and not heuristics.short_store_tile_keeps_pace(
+            query(cupy.cuda.Device().id)):   # DRAM writes faster than that tile stores
+        tiles = [f"so 128x{width} tiles" for width in heuristics.STORE_BOUND_WIDTHS]
+    assert "the stores set the pace" in text and any(t in text for t in tiles), text
     assert f"tiles in groups of {heuristics.STORE_BOUND_RASTER_GROUP} M-tiles" in text, text
     hopmm.matmul(a, b, out=out)
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
