@@ -441,9 +441,9 @@ def test_unaligned_decode_takes_gemv_in_place(m, n, k):
                                                (False, False, 8), (True, False, 16),
                                                (False, True, 4), (True, True, 16)])
 def test_residency_is_the_drivers(mma, in_place, rows):
-    """The CTAs per SM gemv's split count is bounded by (heuristics.gemv_resident_ctas, from
-    the compiled registers, threads and shared memory) are what the driver's occupancy query
-    gives for the loaded kernel."""
+    """The CTAs an SM holds at once that gemv's split count weighs (heuristics.
+    gemv_resident_ctas, from the compiled registers, threads and shared memory) are those the
+    driver's occupancy query gives for the loaded kernel."""
     import cupy
 
     from hopmm import heuristics, launch

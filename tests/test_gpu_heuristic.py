@@ -194,7 +194,6 @@ def test_store_bound_choice(m, n, k, tile, layout):
 
     import hopmm
     from forced import operands
-
     from hopmm.device import query
 
     a, b = operands(m, n, k, "float16", layout[0] == "T", layout[1] == "T")
