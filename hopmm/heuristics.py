@@ -1065,11 +1065,11 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     """The gemv model above, in microseconds (of the kernel's problem: with trans_c the
     transposed one)."""
     kp = GemvSchedule.kernel_problem(problem, cfg)
-    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
+    row_groups, _ = GemvSchedule.tiles(problem, cfg)
     b = kp.k * kp.n * ELEM_BYTES * row_groups
     ac = (kp.m * kp.k + kp.m * kp.n) * ELEM_BYTES
     bytes_ = (b + ac) * kp.batch
-    ctas = row_groups * col_blocks * min(kp.batch, MAX_GRID_Z) * splits
+    ctas = _gemv_grid_ctas(problem, cfg) * splits
     fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
     scale = dram_scale(device)
     rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS) * scale

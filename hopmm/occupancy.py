@@ -4,12 +4,12 @@ allocates (the CUDA C Programming Guide's table for compute capability 9.0, as t
 occupancy calculator applies it)."""
 from __future__ import annotations
 
-WARP_THREADS = 32
+from .schedules import REGISTER_FILE, WARP_THREADS
+
 SM_MAX_THREADS = 2048
 SM_MAX_CTAS = 32
-# The register file: 64 K 32-bit registers per SM in four quarters, one per warp scheduler; a
-# warp's registers come whole from one quarter, in units of REGISTER_UNIT.
-SM_REGISTERS = 65536
+# The register file (REGISTER_FILE 32-bit registers per SM) in four quarters, one per warp
+# scheduler; a warp's registers come whole from one quarter, in units of REGISTER_UNIT.
 SM_QUARTERS = 4
 REGISTER_UNIT = 256
 # Shared memory: allocated per CTA in units of SMEM_UNIT, plus CTA_RESERVED_SMEM the system
@@ -31,7 +31,7 @@ def resident_ctas_per_sm(registers: int, threads: int, smem_bytes: int,
         raise ValueError(f"threads and registers must be positive, got {threads}, {registers}")
     warps = -(-threads // WARP_THREADS)
     warp_registers = _round_up(registers * WARP_THREADS, REGISTER_UNIT)
-    warps_by_registers = (SM_REGISTERS // SM_QUARTERS // warp_registers) * SM_QUARTERS
+    warps_by_registers = (REGISTER_FILE // SM_QUARTERS // warp_registers) * SM_QUARTERS
     by_registers = warps_by_registers // warps
     by_threads = SM_MAX_THREADS // (warps * WARP_THREADS)
     sm_smem = smem_per_block_optin + CTA_RESERVED_SMEM
