@@ -165,14 +165,24 @@ FEW_ROWS_KBLOCK_US = 0.15
 FEW_ROWS_LOAD = 1.2
 FEW_ROWS_DRAM_TBPS = 2.95
 FEW_ROWS_FIXED_US = 3.0
-# That rate is not scaled by the device's DRAM (dram_scale) where the tiles fit one wave: so
-# few CTAs, not the memory, cap the stream (an H200's 64 such CTAs streamed 8192 x 8192 at
-# 2.8-3.5 TB/s, as the H100's did, where its copies ran 1.41 x faster; NOTES v0.52).
+# That rate is scaled by the device's DRAM (dram_scale) past one wave. One wave of these tiles
+# streams at most FEW_ROWS_WAVE_TBPS, so few CTAs, not the memory, cap it where the DRAM is
+# faster (an H200's 59-89 CTAs of 32-64 rows streamed 3.1-3.9 TB/s where its copies ran 4.24;
+# NOTES v0.55); and at most FEW_ROWS_DRAM_TBPS over at most FEW_ROWS_UNSCALED_MAX_M rows, whose
+# A boxes are mostly zero-filled (the H200's one wave streamed 8192 x 8192 at 2.8-3.0 TB/s over
+# 1-16 rows, as the H100's did; NOTES v0.52).
+FEW_ROWS_WAVE_TBPS = 3.85
+FEW_ROWS_UNSCALED_MAX_M = 16
 
 
-def _few_rows_dram_tbps(tiles: int, device: DeviceInfo) -> float:
-    """FEW_ROWS_DRAM_TBPS on `device` for `tiles` of FEW_ROWS_TILE: scaled past one wave."""
-    return FEW_ROWS_DRAM_TBPS * (dram_scale(device) if tiles > device.sm_count else 1.0)
+def _few_rows_dram_tbps(tiles: int, rows: int, device: DeviceInfo) -> float:
+    """FEW_ROWS_DRAM_TBPS on `device` for `tiles` of FEW_ROWS_TILE over `rows` rows: scaled,
+    and capped as above where they fit one wave."""
+    scaled = FEW_ROWS_DRAM_TBPS * dram_scale(device)
+    if tiles > device.sm_count:
+        return scaled
+    cap = FEW_ROWS_DRAM_TBPS if rows <= FEW_ROWS_UNSCALED_MAX_M else FEW_ROWS_WAVE_TBPS
+    return min(scaled, cap)
 
 
 @dataclass(frozen=True)
@@ -185,7 +195,7 @@ class Choice:
     # The tiles past the last whole wave, run after this choice's kernel as a problem of their
     # own (wave_tail_choice); this choice then covers the rest of the problem only.
     tail: Tail | None = None
-    # The persistent kernel's choice a sub-wave stream-K choice displaced (_sub_wave_stream_k):
+    # The persistent or split-K choice a sub-wave stream-K choice displaced (_sub_wave_stream_k):
     # what operands read in place through phase maps, which stream-K lacks, run on (phaseable).
     instead: Choice | None = None
 
@@ -337,7 +347,7 @@ def _few_rows(problem: Problem, device: DeviceInfo) -> bool:
 def _few_rows_us(problem: Problem, device: DeviceInfo) -> float:
     """The unsplit FEW_ROWS_TILE model's time (above), in microseconds."""
     return _one_wave_us(problem, device, FEW_ROWS_TILE, FEW_ROWS_KBLOCK_US, FEW_ROWS_LOAD,
-                        _few_rows_dram_tbps(_tiles(problem, *FEW_ROWS_TILE), device),
+                        _few_rows_dram_tbps(_tiles(problem, *FEW_ROWS_TILE), problem.m, device),
                         FEW_ROWS_FIXED_US)
 
 
@@ -888,7 +898,7 @@ def _dual_b_us(schedule, problem: Problem, device: DeviceInfo) -> float:
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     if cfg.block_m == WGMMA_M:
         kblock_us, load, dram_tbps, fixed_us = (2 * FEW_ROWS_KBLOCK_US, FEW_ROWS_LOAD,
-                                                _few_rows_dram_tbps(tiles, device),
+                                                _few_rows_dram_tbps(tiles, problem.m, device),
                                                 FEW_ROWS_FIXED_US)
     else:   # the work of a tile twice as wide, at that tile's speed
         wide = (cfg.block_m, 2 * cfg.block_n)
@@ -2031,11 +2041,16 @@ STREAM_K_L2_BYTES = 24 << 20
 # L2): such picks ran 1.05-1.33 x their wave model (NOTES v0.50). There stream-K puts every SM
 # to the stream, and is taken where its model is not slower than the pick's, with at least
 # STREAM_K_MIN_K_BLOCKS k-blocks (shorter main loops pay the pieces and the owner's wait) and at
-# most STREAM_K_MAX_CTAS_PER_TILE CTAs a tile (more pieces than its model counts). A choice that
-# splits off a wave tail (wave_tail_choice) keeps it, and a tail's own choice is not asked
-# (neither measured).
+# most STREAM_K_MAX_CTAS_PER_TILE CTAs a tile (more pieces than its model counts; up to six held
+# over such long loops, NOTES v0.55). A choice that splits off a wave tail (wave_tail_choice)
+# keeps it, and a tail's own choice is not asked (neither measured).
 STREAM_K_MIN_K_BLOCKS = 128
-STREAM_K_MAX_CTAS_PER_TILE = 4
+STREAM_K_MAX_CTAS_PER_TILE = 6
+# The picks it may displace: the persistent kernels', and split_k's and split_k_cluster's on
+# 128-row tiles, whose 128-wide tiles over 129-256 columns compute a second column of tiles
+# mostly past N and read each panel of A twice, where stream-K's 192- or 256-wide tile reads it
+# once (1.02-1.17 x on eight such products of 192-576 columns; NOTES v0.55).
+STREAM_K_DISPLACES = TAIL_MAIN_SCHEDULES + (SplitKSchedule, SplitKClusterSchedule)
 
 
 def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
@@ -2110,10 +2125,10 @@ def _stream_k_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
 
 
 def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
-    """Stream-K instead of `pick` (an unforced choice on one kernel, where no wave tail was
-    split off) where the rule above takes it; else None."""
+    """Stream-K instead of `pick` (an unforced choice on one kernel of STREAM_K_DISPLACES,
+    where no wave tail was split off) where the rule above takes it; else None."""
     cfg = pick.config
-    if pick.schedule not in TAIL_MAIN_SCHEDULES or cfg.block_m != BLOCK_M:
+    if pick.schedule not in STREAM_K_DISPLACES or cfg.block_m != BLOCK_M:
         return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     if tiles >= device.sm_count or _k_blocks(problem) < STREAM_K_MIN_K_BLOCKS:
@@ -2132,16 +2147,25 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     if stream_us > pick_us:
         return None
     streamed = "A" if StreamKSchedule.lanes_are_columns(problem, stream.config, group) else "B"
-    why = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} would leave {device.sm_count - tiles} "
-           f"of {device.sm_count} SMs idle over {_k_blocks(problem)} k-blocks, each busy CTA "
-           f"waiting on its panel of {streamed} from DRAM (the wave model's {pick_us:.1f} us); "
-           f"{stream.reason}")
-    return replace(stream, reason=why, instead=pick)
+    if pick.schedule in SPLIT_K_SCHEDULES:
+        columns = -(-problem.n // cfg.block_n)
+        displaced = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} ({columns} columns of them "
+                     f"over {problem.n} columns) in {pick.splits} splits "
+                     f"({pick.schedule.name}) would stream {streamed} from DRAM on "
+                     f"{tiles * pick.splits} of {device.sm_count} SMs over {_k_blocks(problem)} "
+                     f"k-blocks (its model's {pick_us:.1f} us)")
+    else:
+        displaced = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} would leave "
+                     f"{device.sm_count - tiles} of {device.sm_count} SMs idle over "
+                     f"{_k_blocks(problem)} k-blocks, each busy CTA waiting on its panel of "
+                     f"{streamed} from DRAM (the wave model's {pick_us:.1f} us)")
+    return replace(stream, reason=f"{displaced}; {stream.reason}", instead=pick)
 
 
 def phaseable(choice: Choice) -> Choice:
     """The choice for operands whose rows phase maps read where they lie (phased_choice): the
-    displaced persistent choice where `choice` is a sub-wave stream-K's, else `choice`."""
+    displaced persistent or split-K choice where `choice` is a sub-wave stream-K's, else
+    `choice`."""
     return choice.instead or choice
 
 

@@ -61,17 +61,35 @@ def test_the_choice_follows_the_devices_memory(m, n, k, h100, h200):
     assert picks[0].startswith(h100 + " ") and picks[1].startswith(h200 + " ")
 
 
-def test_few_row_tiles_in_one_wave_stream_at_the_h100s_rate():
-    """64 CTAs of 64-row tiles streamed B at the H100's rate on an H200 (few CTAs, not the
-    DRAM, cap them): their rate is scaled only past one wave, so on 4 x 8192 x 8192 the split
-    tiles' 128 CTAs win there (41.5 against 47.3 us on the H200; NOTES v0.52)."""
+def test_one_wave_of_few_row_tiles_streams_below_faster_dram():
+    """One wave of 64-row tiles streams at most FEW_ROWS_WAVE_TBPS (few CTAs, not the DRAM,
+    cap it), over at most FEW_ROWS_UNSCALED_MAX_M rows at the H100's rate; past one wave at
+    the scaled rate. On the H100 neither cap binds."""
     one_wave, two_waves = H200.sm_count, H200.sm_count + 1
-    assert heuristics._few_rows_dram_tbps(one_wave, H200) == heuristics.FEW_ROWS_DRAM_TBPS
-    assert heuristics._few_rows_dram_tbps(two_waves, H200) == pytest.approx(
-        heuristics.FEW_ROWS_DRAM_TBPS * heuristics.dram_scale(H200))
-    p = Problem(4, 8192, 8192, 1, "bfloat16")
+    rows, decode_rows = 64, heuristics.FEW_ROWS_UNSCALED_MAX_M
+    scaled = heuristics.FEW_ROWS_DRAM_TBPS * heuristics.dram_scale(H200)
+    assert heuristics.FEW_ROWS_DRAM_TBPS < heuristics.FEW_ROWS_WAVE_TBPS < scaled
+    assert heuristics._few_rows_dram_tbps(one_wave, rows, H200) == heuristics.FEW_ROWS_WAVE_TBPS
+    assert heuristics._few_rows_dram_tbps(one_wave, decode_rows, H200) == \
+        heuristics.FEW_ROWS_DRAM_TBPS
+    assert heuristics._few_rows_dram_tbps(two_waves, decode_rows, H200) == pytest.approx(scaled)
+    for tiles, m in ((one_wave, rows), (one_wave, decode_rows), (two_waves, rows)):
+        assert heuristics._few_rows_dram_tbps(tiles, m, H100_SXM_CLUSTERS) == \
+            heuristics.FEW_ROWS_DRAM_TBPS
+
+
+@pytest.mark.parametrize("m,n,k,h200", [
+    # 4 rows: the split tiles' 128 CTAs win on the H200 (41.5 against 47.3 us; NOTES v0.52).
+    (4, 8192, 8192, "split_k_parallel 64x128"),
+    # 64 rows over a short K: one wave unsplit streams fast enough that a split's hand-off
+    # does not pay (A/B on an H200: 1.48 x, 1.42 x; NOTES v0.55).
+    (64, 7424, 2112, "persistent 64x128"),
+    (64, 6656, 2368, "persistent 64x128"),
+])
+def test_few_row_picks_on_faster_dram(m, n, k, h200):
+    p = Problem(m, n, k, 1, "bfloat16")
     assert tuning.label(heuristics.choose(p, H100_SXM_CLUSTERS)).startswith("persistent 64x128 ")
-    assert tuning.label(heuristics.choose(p, H200)).startswith("split_k_parallel 64x128 ")
+    assert tuning.label(heuristics.choose(p, H200)).startswith(h200 + " ")
 
 
 def test_the_pair_of_256_rows_takes_the_one_kernel_on_faster_memory():

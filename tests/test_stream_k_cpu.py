@@ -161,6 +161,21 @@ def test_sub_wave_stream_k_keeps_the_pick_it_displaced():
     assert stored.instead.config.row_store and stored.instead.config.epilogue == spec
 
 
+def test_sub_wave_stream_k_displaces_a_split_of_128_wide_tiles():
+    """192 columns over a long K: split_k's 128 x 128 tiles compute a second column of tiles
+    half past N; stream-K's 128 x 192 tile covers them once on every SM (1.15 x on an H200;
+    NOTES v0.55). The split stays what phase maps read operands on."""
+    p = problem(3456, 192, 25472)
+    c = heuristics.choose(p, H100_SXM)
+    assert c.schedule is SK and (c.config.block_m, c.config.block_n) == (128, 192)
+    assert c.instead.schedule.name == "split_k" and c.instead.splits == 2
+    assert heuristics.phaseable(c) is c.instead
+    assert c.reason.startswith("54 tiles of 128x128 (2 columns of them over 192 columns) in 2 "
+                               "splits (split_k)")
+    assert c.splits // SK.lanes(p, c.config, c.raster_group) > \
+        4 * SK.lane_tiles(p, c.config, c.raster_group), "more than four CTAs a tile"
+
+
 def test_stream_k_taken_only_where_its_rule_holds():
     """Wherever the heuristic takes stream-K unforced: a sub-wave grid of 128-row tiles before,
     a long main loop, the lanes' own operand in L2, at most STREAM_K_MAX_CTAS_PER_TILE CTAs a
@@ -182,7 +197,7 @@ def test_stream_k_taken_only_where_its_rule_holds():
         assert heuristics._lane_operand_bytes(p, c.config, c.raster_group) \
             <= heuristics.STREAM_K_L2_BYTES
         tiles, pick_us = (float(x) for x in
-                          re.search(r"^(\d+) tiles .* wave model's ([\d.]+) us", c.reason).groups())
+                          re.search(r"^(\d+) tiles .* model's ([\d.]+) us", c.reason).groups())
         assert tiles < H100_SXM.sm_count
         assert heuristics._choice_us(c, p, H100_SXM) <= pick_us + 0.05
     assert taken, "no random problem took stream-K"
