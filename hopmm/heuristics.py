@@ -2047,9 +2047,9 @@ STREAM_K_L2_BYTES = 24 << 20
 STREAM_K_MIN_K_BLOCKS = 128
 STREAM_K_MAX_CTAS_PER_TILE = 6
 # The picks it may displace: the persistent kernels', and split_k's and split_k_cluster's on
-# 128-row tiles, whose 128-wide tiles over 129-256 columns compute a second column of tiles
-# mostly past N and read each panel of A twice, where stream-K's 192- or 256-wide tile reads it
-# once (1.02-1.17 x on eight such products of 192-576 columns; NOTES v0.55).
+# 128-row tiles, whose 128-wide tiles read each panel of A once per column of tiles (twice over
+# 192 columns, the second column half past N), where stream-K's 192- or 256-wide tiles read it
+# fewer times, on every SM (1.02-1.17 x on eight such products of 192-576 columns; NOTES v0.55).
 STREAM_K_DISPLACES = TAIL_MAIN_SCHEDULES + (SplitKSchedule, SplitKClusterSchedule)
 
 

@@ -179,7 +179,8 @@ def test_sub_wave_stream_k_displaces_a_split_of_128_wide_tiles():
 def test_stream_k_taken_only_where_its_rule_holds():
     """Wherever the heuristic takes stream-K unforced: a sub-wave grid of 128-row tiles before,
     a long main loop, the lanes' own operand in L2, at most STREAM_K_MAX_CTAS_PER_TILE CTAs a
-    tile, and its model no slower than the wave model's pick (restated from the reason)."""
+    tile, and its model no slower than the pick's, the wave model's or a split's (restated from
+    the reason)."""
     rng = random.Random(7)
     taken = 0
     for _ in range(3000):
