@@ -1080,10 +1080,12 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     ac = (kp.m * kp.k + kp.m * kp.n) * ELEM_BYTES
     bytes_ = (b + ac) * kp.batch
     ctas = _gemv_grid_ctas(problem, cfg) * splits
-    fill = min(1.0, ctas / _gemv_ctas_wanted(cfg, device))
+    # The stream as one round of all its CTAs (the round cost with every CTA resident): the
+    # split count (gemv_splits) weighs the rounds the SMs actually hold.
+    stretch = _gemv_rounds_cost(ctas, ctas, _gemv_ctas_wanted(cfg, device)) / ctas
     scale = dram_scale(device)
     rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS) * scale
-    memory = bytes_ / (rate * 1e6 * fill) * (GEMV_IN_PLACE_SLOWDOWN if cfg.in_place else 1.0)
+    memory = bytes_ * stretch / (rate * 1e6) * (GEMV_IN_PLACE_SLOWDOWN if cfg.in_place else 1.0)
     compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
                / (_gemv_tflops(cfg) * 1e6))
     split = 0.0
@@ -1133,8 +1135,9 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
                                  in_place)
         narrow = _unsplit_narrow(problem, cfg, device)
         if narrow is not None:
-            cfg = narrow
-        splits = 1 if narrow is not None else gemv_splits(problem, cfg, device)
+            cfg, splits = narrow, 1
+        else:
+            splits = gemv_splits(problem, cfg, device)
         options.append((gemv_estimate_us(problem, cfg, splits, device), not mma, cfg, splits,
                         narrow is not None))
     estimate, _, cfg, splits, narrowed = min(options, key=lambda o: o[:2])
