@@ -2049,6 +2049,14 @@ STREAM_K_L2_BYTES = 24 << 20
 # keeps it, and a tail's own choice is not asked (neither measured).
 STREAM_K_MIN_K_BLOCKS = 128
 STREAM_K_MAX_CTAS_PER_TILE = 6
+# The pick's side of that comparison, on the persistent kernels where stream-K's lanes stream
+# A: at most as fast as its CTAs' own stages of A arrive. Each stage in flight waits about
+# STREAM_WAIT_US on DRAM (Little's law over the H200 sweeps' picks: 1.6-2.3 us at the least on
+# 128-row tiles), so a k-block takes at least that over the stages behind it; stream-K ran
+# 1.11 x the picks this moves (NOTES v0.56). Not for the splits: their models, fitted on such
+# grids, hold the wait already, and stream-K ran 0.97-0.98 x those it would displace; nor for
+# tiles narrower than stream-K's, whose wider tiles would compute columns past N (not measured).
+STREAM_WAIT_US = 2.0
 # The picks it may displace: the persistent kernels', and split_k's and split_k_cluster's on
 # 128-row tiles, whose 128-wide tiles read each panel of A once per column of tiles (twice over
 # 192 columns, the second column half past N), where stream-K's 192- or 256-wide tiles read it
@@ -2145,24 +2153,43 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     if _lane_operand_bytes(problem, stream.config, group) > STREAM_K_L2_BYTES \
             or per_lane > STREAM_K_MAX_CTAS_PER_TILE * lane_tiles:
         return None
-    pick_us = _choice_us(pick, problem, device)
-    stream_us = _choice_us(stream, problem, device)
-    if stream_us > pick_us:
-        return None
     streamed = "A" if StreamKSchedule.lanes_are_columns(problem, stream.config, group) else "B"
+    model_us = _choice_us(pick, problem, device)
+    waits = (streamed == "A" and pick.schedule in TAIL_MAIN_SCHEDULES
+             and cfg.block_n >= min(StreamKSchedule.block_ns))
+    wait_us = _stream_wait_us(pick, problem, device) if waits else 0.0
+    stream_us = _choice_us(stream, problem, device)
+    if stream_us > max(model_us, wait_us):
+        return None
+    model = "its model" if pick.schedule in SPLIT_K_SCHEDULES else "the wave model"
+    timed = (f"{model}'s {model_us:.1f} us" if model_us >= wait_us else
+             f"{wait_us:.1f} us waiting on its stages of A, {model}'s {model_us:.1f}")
     if pick.schedule in SPLIT_K_SCHEDULES:
         columns = -(-problem.n // cfg.block_n)
         displaced = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} ({columns} columns of them "
                      f"over {problem.n} columns) in {pick.splits} splits "
                      f"({pick.schedule.name}) would stream {streamed} from DRAM on "
                      f"{tiles * pick.splits} of {device.sm_count} SMs over {_k_blocks(problem)} "
-                     f"k-blocks (its model's {pick_us:.1f} us)")
+                     f"k-blocks ({timed})")
     else:
         displaced = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} would leave "
                      f"{device.sm_count - tiles} of {device.sm_count} SMs idle over "
                      f"{_k_blocks(problem)} k-blocks, each busy CTA waiting on its panel of "
-                     f"{streamed} from DRAM (the wave model's {pick_us:.1f} us)")
+                     f"{streamed} from DRAM ({timed})")
     return replace(stream, reason=f"{displaced}; {stream.reason}", instead=pick)
+
+
+def _stream_wait_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:
+    """The floor a CTA's own operand stream puts under `choice`: each of the k-blocks it runs
+    in sequence waits STREAM_WAIT_US over the stages in flight behind the one it multiplies."""
+    cfg = choice.config
+    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
+    k_blocks = _k_blocks(problem)
+    if choice.schedule in SPLIT_K_SCHEDULES:
+        in_sequence = -(-k_blocks // choice.splits) * -(-tiles * choice.splits // device.sm_count)
+    else:
+        in_sequence = -(-tiles // device.sm_count) * k_blocks
+    return in_sequence * STREAM_WAIT_US / (cfg.stages - 1) + UNSPLIT_EPILOGUE_US
 
 
 def phaseable(choice: Choice) -> Choice:

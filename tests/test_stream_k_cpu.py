@@ -9,10 +9,13 @@ from dataclasses import replace
 import pytest
 
 from hopmm import heuristics, tuning
-from hopmm.device import H100_SXM
+from hopmm.device import H100_SXM, H100_SXM_CLUSTERS
 from hopmm.epilogue import EpilogueSpec
 from hopmm.problem import LINE_BYTES, Problem
 from hopmm.schedules import PersistentSchedule, StreamKSchedule as SK
+
+# An H200 as the heuristic sees it: the H100's SMs and clusters, HBM3e's 4.81 TB/s.
+H200 = replace(H100_SXM_CLUSTERS, name="NVIDIA H200 (assumed)", dram_tbps=4.81)
 
 
 def problem(m, n, k, batch=1, dtype="bfloat16"):
@@ -176,17 +179,47 @@ def test_sub_wave_stream_k_displaces_a_split_of_128_wide_tiles():
         4 * SK.lane_tiles(p, c.config, c.raster_group), "more than four CTAs a tile"
 
 
-def test_stream_k_taken_only_where_its_rule_holds():
+def test_wait_on_stages_of_a_decides_a_sub_wave_pick():
+    """8832 x 128 x 8576 on an H200: 69 tiles of 128 x 128, whose wave model (46.9 us) is
+    below stream-K's (47.3), but whose CTAs wait on their six stages of A longer (55.6; the
+    pick ran 61.6, cuBLAS 46.2; NOTES v0.56). The floor is the wait of each k-block."""
+    p = problem(8832, 128, 8576)
+    pick = heuristics.choose(p, H100_SXM, "persistent")
+    wait = heuristics._stream_wait_us(pick, p, H200)
+    stages_behind = pick.config.stages - 1
+    assert wait == pytest.approx(134 * heuristics.STREAM_WAIT_US / stages_behind
+                                 + heuristics.UNSPLIT_EPILOGUE_US)
+    assert heuristics._choice_us(pick, p, H200) < heuristics._choice_us(
+        heuristics._stream_k_choice(p, H200), p, H200) < wait
+    c = heuristics.choose(p, H200)
+    assert c.schedule is SK and c.instead.schedule is PersistentSchedule
+    assert re.search(r"\(55\.6 us waiting on its stages of A, the wave model's 46\.9\)", c.reason)
+
+
+def test_wait_on_stages_counts_only_for_a():
+    """243 x 9864 x 15416: stream-K's lanes there are rows of tiles (B streamed), and its
+    model is below the overlap pick's wait on its stages, but stream-K ran 0.71 x that pick
+    (NOTES v0.50's probe): the floor, measured on tall products, is weighed only for A."""
+    p = problem(243, 9864, 15416)
+    c = heuristics.choose(p, H200)
+    stream = heuristics._stream_k_choice(p, H200)
+    assert not SK.lanes_are_columns(p, stream.config, stream.raster_group)
+    assert c.schedule is not SK and c.config.block_m == 128
+    assert heuristics._choice_us(stream, p, H200) < heuristics._stream_wait_us(c, p, H200)
+
+
+@pytest.mark.parametrize("device", [H100_SXM, H200], ids=["H100", "H200"])
+def test_stream_k_taken_only_where_its_rule_holds(device):
     """Wherever the heuristic takes stream-K unforced: a sub-wave grid of 128-row tiles before,
     a long main loop, the lanes' own operand in L2, at most STREAM_K_MAX_CTAS_PER_TILE CTAs a
-    tile, and its model no slower than the pick's, the wave model's or a split's (restated from
-    the reason)."""
+    tile, and its model no slower than the pick's time: the wave model's or a split's, or the
+    wait on its stages of A where that is longer (restated from the reason)."""
     rng = random.Random(7)
     taken = 0
     for _ in range(3000):
         m, n, k = (int(2 ** rng.uniform(7, 15)) // 8 * 8 for _ in range(3))
         p = problem(m, n, k)
-        c = heuristics.choose(p, H100_SXM)
+        c = heuristics.choose(p, device)
         assert c.tail is None or c.tail.choice.schedule is not SK
         if c.schedule is not SK:
             continue
@@ -197,10 +230,12 @@ def test_stream_k_taken_only_where_its_rule_holds():
                                      * SK.lane_tiles(p, c.config, c.raster_group))
         assert heuristics._lane_operand_bytes(p, c.config, c.raster_group) \
             <= heuristics.STREAM_K_L2_BYTES
-        tiles, pick_us = (float(x) for x in
-                          re.search(r"^(\d+) tiles .* model's ([\d.]+) us", c.reason).groups())
-        assert tiles < H100_SXM.sm_count
-        assert heuristics._choice_us(c, p, H100_SXM) <= pick_us + 0.05
+        displaced = c.reason.split("; stream-K:")[0]
+        tiles = float(re.match(r"(\d+) tiles ", displaced).group(1))
+        pick_us = float(re.match(r"(?:its model's |the wave model's )?([\d.]+) us",
+                                 displaced.rsplit("(", 1)[1]).group(1))
+        assert tiles < device.sm_count
+        assert heuristics._choice_us(c, p, device) <= pick_us + 0.05
     assert taken, "no random problem took stream-K"
 
 
