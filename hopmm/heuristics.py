@@ -265,6 +265,10 @@ ONE_ROUND_SHORT_MAX_K_BLOCKS = 224
 # splits of 128-row tiles run about as many CTAs as the 64-row tiles, each a k-block twice as
 # long: no faster, and the bars stand. The split models read these splits 1.05-1.2 x ahead
 # where they ran 1.1-1.5 x ahead (bench/NOTES.md v0.51).
+# That main loop is for the H100's DRAM, and shorter in proportion on faster memory
+# (_split_more_ctas_min_k_blocks), where one round of 64-row tiles waits on its CTAs' stages
+# rather than on DRAM: on an H200, splits over 96-127 k-blocks ran 1.08 x those tiles (64-95: 1.04
+# x; NOTES v0.56); never longer than on the H100 (slower memory was not measured).
 SPLIT_MORE_CTAS = 1.4
 SPLIT_MORE_CTAS_MIN_K_BLOCKS = 128
 # The epilogue of a tile on a kernel that does not overlap it, in k-blocks of its main loop,
@@ -778,14 +782,20 @@ def _split_outnumbers_short_tiles(problem: Problem, device: DeviceInfo, rival: C
                                   split_ctas: int) -> str | None:
     """Why a split of `split_ctas` CTAs is not held by the 64-row tiles `rival`
     (_short_tile_rival): it has SPLIT_MORE_CTAS x as many CTAs as those tiles (at most the
-    SMs) over at least SPLIT_MORE_CTAS_MIN_K_BLOCKS k-blocks; None where it is not so."""
+    SMs) over at least _split_more_ctas_min_k_blocks k-blocks; None where it is not so."""
     rival_tiles = _tiles(problem, rival.config.block_m, rival.config.block_n)
-    if _k_blocks(problem) < SPLIT_MORE_CTAS_MIN_K_BLOCKS \
+    if _k_blocks(problem) < _split_more_ctas_min_k_blocks(device) \
             or split_ctas < SPLIT_MORE_CTAS * min(rival_tiles, device.sm_count):
         return None
     return (f"{split_ctas} CTAs, at least {SPLIT_MORE_CTAS} x the {rival_tiles} unsplit "
             f"{rival.config.block_m}x{rival.config.block_n} tiles, which would leave SMs idle "
             f"over {_k_blocks(problem)} k-blocks: those tiles' bar does not hold it")
+
+
+def _split_more_ctas_min_k_blocks(device: DeviceInfo) -> int:
+    """The shortest main loop over which a split of more CTAs than the 64-row tiles is not
+    held by their bars: SPLIT_MORE_CTAS_MIN_K_BLOCKS over the device's DRAM scale, at most."""
+    return round(SPLIT_MORE_CTAS_MIN_K_BLOCKS / max(1.0, dram_scale(device)))
 
 
 # Operands TMA cannot read in place (rows not a multiple of 16 bytes) are copied into aligned
