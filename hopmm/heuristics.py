@@ -794,7 +794,8 @@ def _split_outnumbers_short_tiles(problem: Problem, device: DeviceInfo, rival: C
 
 def _split_more_ctas_min_k_blocks(device: DeviceInfo) -> int:
     """The shortest main loop over which a split of more CTAs than the 64-row tiles is not
-    held by their bars: SPLIT_MORE_CTAS_MIN_K_BLOCKS over the device's DRAM scale, at most."""
+    held by their bars: SPLIT_MORE_CTAS_MIN_K_BLOCKS divided by the device's DRAM scale where
+    that is above 1, so never longer than on the H100."""
     return round(SPLIT_MORE_CTAS_MIN_K_BLOCKS / max(1.0, dram_scale(device)))
 
 

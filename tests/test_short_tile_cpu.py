@@ -224,8 +224,9 @@ def test_splits_of_more_ctas_than_64_row_tiles_take_long_loops(m, n, k, dtype, s
 ])
 def test_faster_dram_unholds_splits_over_shorter_loops(m, n, k, dtype):
     h200 = replace(H100, name="NVIDIA H200 (assumed)", dram_tbps=4.81)
-    assert heuristics._split_more_ctas_min_k_blocks(H100) == heuristics.SPLIT_MORE_CTAS_MIN_K_BLOCKS
-    assert heuristics._split_more_ctas_min_k_blocks(h200) == 89
+    bound = heuristics._split_more_ctas_min_k_blocks
+    assert bound(H100) == heuristics.SPLIT_MORE_CTAS_MIN_K_BLOCKS
+    assert bound(h200) == 89
     assert 89 <= heuristics._k_blocks(Problem(m, n, k, 1, dtype)) < 128
     on_h100 = choose(m, n, k, dtype=dtype)
     assert on_h100.splits == 1 and on_h100.config.block_m == WGMMA_M
