@@ -2192,15 +2192,9 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
 
 def _stream_wait_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:
     """The floor a CTA's own operand stream puts under `choice`: each of the k-blocks it runs
-    in sequence waits STREAM_WAIT_US over the stages in flight behind the one it multiplies."""
-    cfg = choice.config
-    tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    k_blocks = _k_blocks(problem)
-    if choice.schedule in SPLIT_K_SCHEDULES:
-        in_sequence = -(-k_blocks // choice.splits) * -(-tiles * choice.splits // device.sm_count)
-    else:
-        in_sequence = -(-tiles // device.sm_count) * k_blocks
-    return in_sequence * STREAM_WAIT_US / (cfg.stages - 1) + UNSPLIT_EPILOGUE_US
+    (cta_k_blocks) waits STREAM_WAIT_US over the stages in flight behind the one it multiplies."""
+    return (cta_k_blocks(choice, problem, device) * STREAM_WAIT_US / (choice.config.stages - 1)
+            + UNSPLIT_EPILOGUE_US)
 
 
 def phaseable(choice: Choice) -> Choice:
