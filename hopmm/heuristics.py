@@ -2059,6 +2059,13 @@ STREAM_K_L2_BYTES = 24 << 20
 # over such long loops, NOTES v0.55). A choice that splits off a wave tail (wave_tail_choice)
 # keeps it, and a tail's own choice is not asked (neither measured).
 STREAM_K_MIN_K_BLOCKS = 128
+# Over shorter loops, from STREAM_K_OWN_TILE_MIN_K_BLOCKS, stream-K only on the pick's own tile
+# and only where its model is at least STREAM_K_SHORT_GAIN x faster: a wider tile cuts each of
+# its fewer tiles among more CTAs (0.76-0.97 x the pick where its model read it ahead), and on
+# the pick's tile the pieces and the owner's wait eat up to ~10 % of what the model gives
+# (NOTES v0.57).
+STREAM_K_OWN_TILE_MIN_K_BLOCKS = 64
+STREAM_K_SHORT_GAIN = 1.1
 STREAM_K_MAX_CTAS_PER_TILE = 6
 # The pick's side of that comparison, on the persistent kernels where stream-K's lanes stream
 # A: at most as fast as its CTAs' own stages of A arrive. Each stage in flight waits about
@@ -2136,14 +2143,17 @@ def stream_k_choices(problem: Problem, device: DeviceInfo) -> list[Choice]:
     return out
 
 
-def _stream_k_choice(problem: Problem, device: DeviceInfo) -> Choice | None:
-    """Forced stream-K: the tile and lanes its model puts fastest, lanes whose own operand
-    fits STREAM_K_L2_BYTES first; None where no tile fits."""
+def _stream_k_choice(problem: Problem, device: DeviceInfo,
+                     tile: tuple[int, int] | None = None) -> Choice | None:
+    """Forced stream-K: the tile (only `tile`, where given) and lanes its model puts fastest,
+    lanes whose own operand fits STREAM_K_L2_BYTES first; None where no tile fits."""
     def key(choice: Choice):
         own = _lane_operand_bytes(problem, choice.config, choice.raster_group)
         return (own > STREAM_K_L2_BYTES, _choice_us(choice, problem, device))
 
-    return min(stream_k_choices(problem, device), key=key, default=None)
+    choices = [c for c in stream_k_choices(problem, device)
+               if tile is None or (c.config.block_m, c.config.block_n) == tile]
+    return min(choices, key=key, default=None)
 
 
 def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
@@ -2153,9 +2163,12 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     if pick.schedule not in STREAM_K_DISPLACES or cfg.block_m != BLOCK_M:
         return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
-    if tiles >= device.sm_count or _k_blocks(problem) < STREAM_K_MIN_K_BLOCKS:
+    k_blocks = _k_blocks(problem)
+    if tiles >= device.sm_count or k_blocks < STREAM_K_OWN_TILE_MIN_K_BLOCKS:
         return None
-    stream = _stream_k_choice(problem, device)
+    own_tile = k_blocks < STREAM_K_MIN_K_BLOCKS
+    stream = _stream_k_choice(problem, device,
+                              (cfg.block_m, cfg.block_n) if own_tile else None)
     if stream is None:
         return None
     group = stream.raster_group
@@ -2170,7 +2183,7 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
              and cfg.block_n >= min(StreamKSchedule.block_ns))
     wait_us = _stream_wait_us(pick, problem, device) if waits else 0.0
     stream_us = _choice_us(stream, problem, device)
-    if stream_us > max(model_us, wait_us):
+    if stream_us * (STREAM_K_SHORT_GAIN if own_tile else 1.0) > max(model_us, wait_us):
         return None
     model = "its model" if pick.schedule in SPLIT_K_SCHEDULES else "the wave model"
     timed = (f"{model}'s {model_us:.1f} us" if model_us >= wait_us else
@@ -2180,13 +2193,16 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
         displaced = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} ({columns} columns of them "
                      f"over {problem.n} columns) in {pick.splits} splits "
                      f"({pick.schedule.name}) would stream {streamed} from DRAM on "
-                     f"{tiles * pick.splits} of {device.sm_count} SMs over {_k_blocks(problem)} "
+                     f"{tiles * pick.splits} of {device.sm_count} SMs over {k_blocks} "
                      f"k-blocks ({timed})")
     else:
         displaced = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} would leave "
                      f"{device.sm_count - tiles} of {device.sm_count} SMs idle over "
-                     f"{_k_blocks(problem)} k-blocks, each busy CTA waiting on its panel of "
+                     f"{k_blocks} k-blocks, each busy CTA waiting on its panel of "
                      f"{streamed} from DRAM ({timed})")
+    if own_tile:
+        displaced += (f"; under {STREAM_K_MIN_K_BLOCKS} k-blocks stream-K runs the same tile, "
+                      f"at least {STREAM_K_SHORT_GAIN} x ahead by its model")
     return replace(stream, reason=f"{displaced}; {stream.reason}", instead=pick)
 
 
