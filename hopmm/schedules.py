@@ -504,7 +504,9 @@ class PersistentSchedule(WarpSpecializedSchedule):
     block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
     # 64-row tiles: where the 128-row tiles leave SMs idle in their last (or only) wave, twice
     # as many tiles of half the area can fill more of them (heuristics.SHORT_TILE_MIN_GAIN).
-    short_block_ns = WarpSpecializedSchedule.block_ns
+    # The 64 x 64 tile is forced or autotuned only (heuristics._offered_shapes offers it to
+    # no problem; NOTES v0.57).
+    short_block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
