@@ -2059,6 +2059,7 @@ STREAM_K_L2_BYTES = 24 << 20
 # over such long loops, NOTES v0.55). A choice that splits off a wave tail (wave_tail_choice)
 # keeps it, and a tail's own choice is not asked (neither measured).
 STREAM_K_MIN_K_BLOCKS = 128
+STREAM_K_MAX_CTAS_PER_TILE = 6
 # Over shorter loops, from STREAM_K_OWN_TILE_MIN_K_BLOCKS, stream-K only on the pick's own tile
 # and only where its model is at least STREAM_K_SHORT_GAIN x faster: a wider tile cuts each of
 # its fewer tiles among more CTAs (0.76-0.97 x the pick where its model read it ahead), and on
@@ -2066,7 +2067,6 @@ STREAM_K_MIN_K_BLOCKS = 128
 # (NOTES v0.57).
 STREAM_K_OWN_TILE_MIN_K_BLOCKS = 64
 STREAM_K_SHORT_GAIN = 1.1
-STREAM_K_MAX_CTAS_PER_TILE = 6
 # The pick's side of that comparison, on the persistent kernels where stream-K's lanes stream
 # A: at most as fast as its CTAs' own stages of A arrive. Each stage in flight waits about
 # STREAM_WAIT_US on DRAM (Little's law over the H200 sweeps' picks: 1.6-2.3 us at the least on
