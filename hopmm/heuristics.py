@@ -2115,13 +2115,17 @@ def _lane_operand_bytes(problem: Problem, cfg: KernelConfig, group: int) -> int:
     return (problem.n if columns else problem.m) * problem.k * problem.batch * ELEM_BYTES
 
 
-def stream_k_choices(problem: Problem, device: DeviceInfo) -> list[Choice]:
-    """Stream-K on each tile and lane direction that fits, with as many CTAs a lane as the SMs
-    allow (at most one a k-block), each with its model's time in its reason."""
+def stream_k_choices(problem: Problem, device: DeviceInfo,
+                     tile: tuple[int, int] | None = None) -> list[Choice]:
+    """Stream-K on each tile (only `tile`, where given) and lane direction that fits, with as
+    many CTAs a lane as the SMs allow (at most one a k-block), each with its model's time in
+    its reason."""
     if problem.batch > MAX_GRID_Z:
         return []
     out = []
     for shape in StreamKSchedule.tile_shapes():
+        if tile is not None and shape != tile:
+            continue
         cfg = StreamKSchedule.deepest(problem.dtype, shape[1], problem.trans_a, problem.trans_b,
                                       device.smem_per_block_optin, shape[0])
         if cfg is None:
@@ -2151,9 +2155,7 @@ def _stream_k_choice(problem: Problem, device: DeviceInfo,
         own = _lane_operand_bytes(problem, choice.config, choice.raster_group)
         return (own > STREAM_K_L2_BYTES, _choice_us(choice, problem, device))
 
-    choices = [c for c in stream_k_choices(problem, device)
-               if tile is None or (c.config.block_m, c.config.block_n) == tile]
-    return min(choices, key=key, default=None)
+    return min(stream_k_choices(problem, device, tile), key=key, default=None)
 
 
 def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
@@ -2185,10 +2187,11 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     stream_us = _choice_us(stream, problem, device)
     if stream_us * (STREAM_K_SHORT_GAIN if own_tile else 1.0) > max(model_us, wait_us):
         return None
-    model = "its model" if pick.schedule in SPLIT_K_SCHEDULES else "the wave model"
+    split = pick.schedule in SPLIT_K_SCHEDULES
+    model = "its model" if split else "the wave model"
     timed = (f"{model}'s {model_us:.1f} us" if model_us >= wait_us else
              f"{wait_us:.1f} us waiting on its stages of A, {model}'s {model_us:.1f}")
-    if pick.schedule in SPLIT_K_SCHEDULES:
+    if split:
         columns = -(-problem.n // cfg.block_n)
         displaced = (f"{tiles} tiles of {cfg.block_m}x{cfg.block_n} ({columns} columns of them "
                      f"over {problem.n} columns) in {pick.splits} splits "

@@ -504,8 +504,8 @@ class PersistentSchedule(WarpSpecializedSchedule):
     block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
     # 64-row tiles: where the 128-row tiles leave SMs idle in their last (or only) wave, twice
     # as many tiles of half the area can fill more of them (heuristics.SHORT_TILE_MIN_GAIN).
-    # The 64 x 64 tile is autotuned only (heuristics._offered_shapes offers it to no choice,
-    # forced schedule or not; NOTES v0.57).
+    # The 64 x 64 tile is autotuned only: the heuristic rates only tiles with a speed in
+    # heuristics.TILE_SPEED (_fastest_tile, _main_configs), and it has none yet (NOTES v0.57).
     short_block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
 
     @classmethod

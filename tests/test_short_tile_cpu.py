@@ -28,7 +28,7 @@ def choose(m, n, k, batch=1, dtype="bfloat16", device=H100, schedule=None, epilo
 def test_which_kernels_offer_64_row_tiles():
     offered = {name: [t for t in s.tile_shapes() if t[0] == WGMMA_M]
                for name, s in SCHEDULES.items() if not s.split_k}
-    # 64 x 64: autotuned only (heuristics._offered_shapes)
+    # 64 x 64: autotuned only (no speed in heuristics.TILE_SPEED)
     assert offered.pop("persistent") == [(64, 64), (64, 128), (64, 192), (64, 256)]
     # two 64 x 256 accumulator sets would take all 256 registers of a consumer
     assert offered.pop("persistent_overlap") == [(64, 128), (64, 192)]
