@@ -18,7 +18,7 @@ from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_V
                         PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
                         SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule,
-                        StreamKSchedule)
+                        StreamKSchedule, transposed_problem)
 
 # Every DRAM rate below (the *_DRAM_TBPS and COPY_TBPS) was measured on an H100 SXM, whose HBM3
 # peaks at REFERENCE_DRAM_TBPS; on another device it is scaled by that device's peak over this
@@ -940,9 +940,10 @@ def estimate_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float |
     kernel's over the whole problem); None for the schedules no model times."""
     if choice.schedule is GemvSchedule:
         return gemv_estimate_us(problem, choice.config, choice.splits, device)
+    computed = choice.schedule.kernel_problem(problem, choice.config)
     if (choice.config.block_m, choice.config.block_n) == FEW_ROWS_TILE and \
-            choice.schedule in TAIL_MAIN_SCHEDULES and _few_rows(problem, device):
-        return _few_rows_us(problem, device)
+            choice.schedule in TAIL_MAIN_SCHEDULES and _few_rows(computed, device):
+        return _few_rows_us(computed, device)
     return _choice_us(choice, problem, device)
 
 
@@ -1291,7 +1292,10 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     same tile on the single-set kernel (SINGLE_SET_OF_OVERLAP); None where neither (split-K,
     gemv: the result goes through an aligned buffer). A choice with a tail keeps it where
     both parts store their rows, else falls back to its whole choice; the choice a sub-wave
-    stream-K choice displaced stores its rows too."""
+    stream-K choice displaced stores its rows too, as does the choice a transposed choice
+    displaced (which stores through TMA only)."""
+    if choice.config.trans_c:   # (an autotuned one displaced none: its result is copied)
+        return choice.instead and row_store_choice(choice.instead, problem, device, forced)
     if choice.instead is not None:
         own = row_store_choice(replace(choice, instead=None), problem, device, forced)
         return own and replace(own, instead=row_store_choice(choice.instead, problem, device,
@@ -1439,14 +1443,15 @@ def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem:
     copy_route_reason takes it; `keep_tile`: a forced or autotuned choice keeps its schedule,
     tile and splits), or None where it cannot or should not: a schedule without them
     (`phased_ok`: the clusters, stream-K, gemv), a tail (whose part of an operand starts off 16
-    bytes), no config of PHASED_MIN_STAGES stages beside the raw buffers, aligned copies under
-    MIN_CALL_US, or a model time (above) over cuBLAS's on such rows or the aligned copies and
-    product's. An operand that qualifies but whose pitch the returned config leaves 0 is read
-    from an aligned copy. Its stages: the choice's, or as many as fit with the raw buffers,
-    from an epilogue ring as small as one box. Asked when a call is planned and again when it
-    runs: remembered, as choose() is."""
+    bytes), a transposed choice (phaseable gives the one it displaced), no config of
+    PHASED_MIN_STAGES stages beside the raw buffers, aligned copies under MIN_CALL_US, or a
+    model time (above) over cuBLAS's on such rows or the aligned copies and product's. An
+    operand that qualifies but whose pitch the returned config leaves 0 is read from an
+    aligned copy. Its stages: the choice's, or as many as fit with the raw buffers, from an
+    epilogue ring as small as one box. Asked when a call is planned and again when it runs:
+    remembered, as choose() is."""
     cfg, sched = choice.config, choice.schedule
-    if not getattr(sched, "phased_ok", False) or choice.tail is not None:
+    if not getattr(sched, "phased_ok", False) or choice.tail is not None or cfg.trans_c:
         return None
     all_copied = copy_us(_copied_bytes(problem, bool(a_pitch_mod8), bool(b_pitch_mod8)), device)
     if all_copied < MIN_CALL_US:
@@ -1503,8 +1508,47 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
     if schedule is None:
         return (wave_tail_choice(choice, problem, device, epilogue, epilogue_reads)
-                or _sub_wave_stream_k(choice, problem, device) or choice)
+                or _sub_wave_stream_k(choice, problem, device)
+                or (None if epilogue else _transposed_choice(choice, problem, device))
+                or choice)
     return choice
+
+
+# The transposed product. C^T = B^T A^T has the same tiles with rows and columns swapped, so
+# the persistent kernels' tiles of BLOCK_M x N rows and columns also cover C as N x BLOCK_M
+# (or N x 64) tiles, stored transposed (KernelConfig.trans_c): other counts of tiles along
+# each side, other waves, other operand layouts. Taken for plain products that no wave tail or
+# stream-K takes, where the wave model (_persistent_us) puts the transposed problem's
+# persistent tile TRANSPOSE_MIN_GAIN ahead of the pick's on C: on 31 random products (H200)
+# the model's lead ranked the measured gains; those it put 1.08 x ahead or more ran 1.12 x, none
+# slower, those it put 1.05-1.08 x ahead 1.06 x, three of nine slower (NOTES v0.58). The narrow
+# tile keeps its problems, as it does from the 64-row tiles.
+TRANSPOSE_MIN_GAIN = 1.08
+
+
+def _transposed_choice(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
+    """The persistent kernels' choice for the transpose of `problem`, stored transposed, where
+    the wave model puts it TRANSPOSE_MIN_GAIN ahead of `pick` (a persistent kernel's whole
+    problem; the narrow tile's, the other schedules' picks and store-bound products keep
+    theirs); else None. The choice keeps `pick` as the one it displaced (Choice.instead:
+    results it cannot store through TMA and operands read through phase maps run on that)."""
+    if (pick.schedule not in TAIL_MAIN_SCHEDULES or pick.config.block_n == NARROW_BLOCK_N
+            or not problem.b_pitch_aligned or _store_bound(problem, device)):
+        return None
+    flipped = transposed_problem(problem)
+    sched, cfg, why = _persistent_tile(PersistentSchedule, flipped, device, forced=False,
+                                       epilogue_reads=False)
+    pick_us = _persistent_us(pick.schedule, problem, device, pick.config)
+    us = _persistent_us(sched, flipped, device, cfg)
+    if us * TRANSPOSE_MIN_GAIN > pick_us:
+        return None
+    group = _raster_group(flipped, cfg, device)
+    why = (f"computed as C^T = B^T A^T ({flipped.m} x {flipped.n}) and stored transposed, "
+           f"{us:.1f} us by the wave model against {pick_us:.1f} us for "
+           f"{pick.config.block_m}x{pick.config.block_n} tiles of C on {pick.schedule.name}: "
+           f"{why}")
+    return Choice(sched, replace(cfg, trans_c=True), _with_memory_plan(why, cfg, device, group),
+                  group, instead=pick)
 
 
 def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,
@@ -2225,12 +2269,15 @@ def phaseable(choice: Choice) -> Choice:
 
 def _choice_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float | None:
     """The model's time of `choice` on `problem`: the split-K models' estimate for its split
-    count, the wave model for the persistent kernels; None for the others."""
+    count, the wave model for the persistent kernels (of the problem the kernel computes);
+    None for the others."""
     if choice.schedule in SPLIT_K_SCHEDULES:
         estimates = _split_estimates(choice.schedule, problem, choice.config, device, False)
         return estimates.get(choice.splits)
     if choice.schedule in TAIL_MAIN_SCHEDULES:
-        return _persistent_us(choice.schedule, problem, device, choice.config)
+        return _persistent_us(choice.schedule,
+                              choice.schedule.kernel_problem(problem, choice.config), device,
+                              choice.config)
     if choice.schedule is StreamKSchedule:
         return stream_k_us(problem, choice.config, choice.raster_group, choice.splits, device)
     return None

@@ -376,6 +376,19 @@ def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
     return launches
 
 
+class SwappedLaunch:
+    """A launch of a kernel that computes C^T = B^T A^T (KernelConfig.trans_c): its A is the
+    caller's B and its B the caller's A."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int, *rest) -> None:
+        self.inner.launch(stream, b_ptr, a_ptr, c_ptr, *rest)
+
+
 def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
                    b_map: BatchMapping, c3, epilogue=None) -> list:
     """Launches computing C3 = A3 @ B3 over the broadcast batch (one per chunk of at most
@@ -386,15 +399,28 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     A config with a fused epilogue (`epilogue`: the call's epilogue.FusedEpilogue) also takes
     its scalars, fixed here, and the bias and c pointers after the addresses at each launch
     (its bias and c strides are part of what a repeat must match)."""
+    if choice.tail is not None:
+        return _wave_tail_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
+    if getattr(choice.schedule, "streaming", False):
+        return build_gemv_launches(choice, problem, a3, a_map, b3, b_map, c3)
+    if choice.config.trans_c:
+        # The kernel computes C^T = B^T A^T: its operands are views of B^T and A^T (no
+        # copies) and its boxes, staged transposed, are boxes of C itself.
+        kernel_problem = choice.schedule.kernel_problem(problem, choice.config)
+        return [SwappedLaunch(x) for x in _tile_launches(
+            choice, kernel_problem, b3.transpose(0, 2, 1), b_map, a3.transpose(0, 2, 1),
+            a_map, c3, epilogue)]
+    return _tile_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
+
+
+def _tile_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
+                   b_map: BatchMapping, c3, epilogue) -> list:
+    """build_launches for one kernel of output tiles, `problem` being the one it computes."""
     import cupy
 
     from ._tensormap import KernelLaunch
 
-    if choice.tail is not None:
-        return _wave_tail_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
     cfg, sched = choice.config, choice.schedule
-    if getattr(sched, "streaming", False):
-        return build_gemv_launches(choice, problem, a3, a_map, b3, b_map, c3)
     kernel, smem, device_id = _checked_kernel(sched, cfg, cupy.cuda.Device().id)
 
     # A: K-major -> one box of (64 k, a_rows rows); M-major -> boxes of (64 m, 64 k).

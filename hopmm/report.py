@@ -7,7 +7,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import compile as compiler
 from . import sass
@@ -20,6 +20,8 @@ CLUSTER_BARRIERS = 2
 # A kernel whose cluster is shaped at launch (split_k_cluster) meets its peers twice too: once
 # its partials are staged, and once they are read, before exit.
 LAUNCH_CLUSTER_BARRIERS = 2
+# (trans_a, trans_b) of the operand layouts, in the order kernel_matrix cycles through them.
+LAYOUTS = ((False, False), (False, True), (True, False), (True, True))
 
 
 @dataclass(frozen=True)
@@ -41,7 +43,10 @@ def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     and the shared-A kernels', and each config of a schedule that can read operands through
     phase maps (KernelConfig.a_pitch_mod8, b_pitch_mod8) once more with them, where at least
     PHASED_MIN_STAGES stages fit: in turn A alone, B alone and both, as its layout allows,
-    and the pitch classes 1-7 in turn (each is a constant of the same code)."""
+    and the pitch classes 1-7 in turn (each is a constant of the same code); and each tile of
+    a schedule that can store its output transposed (KernelConfig.trans_c) once so, in both
+    dtypes, the tiles taking the layouts in turn (the transposed epilogue is the same code
+    whatever the operands' layout)."""
     limit = device.smem_per_block_optin
     cases = [(schedule, cfg)
              for schedule in (*SCHEDULES.values(), *DUAL_B_SCHEDULES.values())
@@ -59,7 +64,16 @@ def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
         cfg = schedule.phased_config(cfg, a_pitch, b_pitch, limit)
         if cfg.stages >= PHASED_MIN_STAGES:
             phased.append((schedule, cfg))
-    return cases + phased
+    transposed, tiles = [], []
+    for schedule, cfg in cases:
+        if not getattr(schedule, "transposed_store_ok", False) or cfg.epilogue is not None:
+            continue
+        tile = (schedule, cfg.block_m, cfg.block_n)
+        if tile not in tiles:
+            tiles.append(tile)
+        if (cfg.trans_a, cfg.trans_b) == LAYOUTS[tiles.index(tile) % len(LAYOUTS)]:
+            transposed.append((schedule, replace(cfg, trans_c=True)))
+    return cases + phased + transposed
 
 
 def default_workers() -> int:

@@ -88,6 +88,11 @@ class KernelConfig:
     # The same for an N-major B whose row pitch (between its k rows) is not a multiple of 16
     # bytes.
     b_pitch_mod8: int = 0
+    # Whether the kernel computes C^T = B^T A^T and stores it transposed (its rows are the
+    # output's columns; transposed_problem): a plain product through TMA stores, on the
+    # schedules that say `transposed_store_ok`. trans_a and trans_b describe the kernel's
+    # operands, B^T and A^T.
+    trans_c: bool = False
 
     def __post_init__(self):
         if self.dtype not in KERNEL_DTYPES:
@@ -116,6 +121,9 @@ class KernelConfig:
             raise ValueError("a_pitch_mod8 (phased A): whole K-major A tiles (no a_rows)")
         if self.b_pitch_mod8 and not self.trans_b:
             raise ValueError("b_pitch_mod8 (phased B): an N-major B")
+        if self.trans_c and (self.epilogue is not None or self.row_store or is_phased(self)):
+            raise ValueError("trans_c: a plain product stored through TMA (no epilogue, "
+                             "row_store or phase maps)")
 
     @property
     def a_load_rows(self) -> int:
@@ -131,8 +139,9 @@ class KernelConfig:
         rows = "_rs" if self.row_store else ""
         phased = ((f"_ap{self.a_pitch_mod8}" if self.a_pitch_mod8 else "")
                   + (f"_bp{self.b_pitch_mod8}" if self.b_pitch_mod8 else ""))
+        transposed = "_ct" if self.trans_c else ""
         return (f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}"
-                f"_c{self.c_buffers}{trim}{fused}{rows}{phased}_{layout}")
+                f"_c{self.c_buffers}{trim}{fused}{rows}{phased}{transposed}_{layout}")
 
 
 def raw_bytes(cfg: KernelConfig) -> int:
@@ -142,6 +151,14 @@ def raw_bytes(cfg: KernelConfig) -> int:
     raw_row = (TMA_BOX_ELEMS + PHASES) * ELEM_BYTES
     return raw_row * (cfg.block_m * bool(cfg.a_pitch_mod8)
                       + cfg.block_n // TMA_BOX_ELEMS * cfg.block_k * bool(cfg.b_pitch_mod8))
+
+
+def transposed_problem(problem: Problem) -> Problem:
+    """The transpose of `problem`, C^T = B^T A^T: rows and columns swapped; its A is B^T,
+    K-major where B is, and its B is A^T, K-major where A is."""
+    return Problem(m=problem.n, n=problem.m, k=problem.k, batch=problem.batch,
+                   dtype=problem.dtype, a_major="k" if problem.b_major == "k" else "m",
+                   b_major="k" if problem.a_major == "k" else "n")
 
 
 def is_phased(cfg: KernelConfig) -> bool:
@@ -230,6 +247,9 @@ class WarpSpecializedSchedule:
     # (kernel_persistent.cuh, kernel_warp_specialized.cuh's run_one_tile) where its producer
     # loads single-CTA tiles of one B.
     phased_ok = False
+    # Whether the kernel can compute the transposed product and store it transposed
+    # (KernelConfig.trans_c): the persistent kernels, whose epilogue is TmaStoreEpilogue's.
+    transposed_store_ok = False
 
     @classmethod
     def snippets(cls) -> list[str]:
@@ -318,6 +338,8 @@ class WarpSpecializedSchedule:
         if is_phased(cfg) and not cls.phased_ok:
             raise ValueError(f"{cls.name}: reads each operand through one map (no "
                              f"a_pitch_mod8 or b_pitch_mod8)")
+        if cfg.trans_c and not cls.transposed_store_ok:
+            raise ValueError(f"{cls.name}: stores its output as computed (no trans_c)")
 
     @classmethod
     def row_store_fits(cls, cfg: KernelConfig) -> bool:
@@ -375,6 +397,12 @@ class WarpSpecializedSchedule:
         return -(-problem.k // cfg.block_k)
 
     @staticmethod
+    def kernel_problem(problem: Problem, cfg: KernelConfig) -> Problem:
+        """The problem the kernel computes: `problem`, or its transpose with trans_c (every
+        other method here takes the kernel's problem)."""
+        return transposed_problem(problem) if cfg.trans_c else problem
+
+    @staticmethod
     def tiles(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
         """(M tiles, N tiles) of one batch slice."""
         return -(-problem.m // cfg.block_m), -(-problem.n // cfg.block_n)
@@ -423,7 +451,7 @@ class WarpSpecializedSchedule:
             "kCBuffers": cfg.c_buffers, "kARows": cfg.a_load_rows,
             "kBOperands": cls.b_operands, "kRowStore": cfg.row_store,
             "kAPitchMod8": cfg.a_pitch_mod8, "kBPitchMod8": cfg.b_pitch_mod8,
-            "kSmemBytesExpected": cls.smem_bytes(cfg),
+            "kTransC": cfg.trans_c, "kSmemBytesExpected": cls.smem_bytes(cfg),
             **EpilogueSpec.config_fields(cfg.epilogue),
             **cls.own_config_fields(),
         }
@@ -500,6 +528,9 @@ class PersistentSchedule(WarpSpecializedSchedule):
     skeleton = "kernel_persistent.cuh"
     slots = dict(WarpSpecializedSchedule.slots, SKELETON="hopmm::persistent_gemm")
     phased_ok = True
+    # This kernel and the overlap kernel; the skeletons built on it say no (the heuristic
+    # offers the transpose on these two only, heuristics._transposed_choice).
+    transposed_store_ok = True
     overlap_store = True
     block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
     # 64-row tiles: where the 128-row tiles leave SMs idle in their last (or only) wave, twice
@@ -526,6 +557,7 @@ class PersistentClusterSchedule(PersistentSchedule):
     pair."""
 
     name = "persistent_cluster"
+    transposed_store_ok = False
     phased_ok = False   # the multicast producer loads each operand in one map
     skeleton = "kernel_persistent_cluster.cuh"
     cluster_size = CLUSTER_PAIR
@@ -659,6 +691,7 @@ class PingPongSchedule(PersistentSchedule):
     the other's main loop (seed 003; FlashAttention-3 / CUTLASS ping-pong)."""
 
     name = "pingpong"
+    transposed_store_ok = False
     skeleton = "kernel_pingpong.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::pingpong_gemm")
     # A whole tile's fp32 accumulators in one warpgroup: 128 registers per thread at 128 x 128;
@@ -895,6 +928,7 @@ class StreamKSchedule(PersistentSchedule):
     once. The grid's CTA count is the choice's `splits`, a multiple of the lanes."""
 
     name = "stream_k"
+    transposed_store_ok = False
     phased_ok = False   # its producer and its workers' walk are its own
     skeleton = "kernel_stream_k.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::stream_k_gemm")
@@ -997,6 +1031,7 @@ class SharedASchedule(PersistentSchedule):
     products. Computes hopmm.matmul_shared_a, not hopmm.matmul."""
 
     name = "shared_a"
+    transposed_store_ok = False
     phased_ok = False   # a stage of two B tiles
     skeleton = "kernel_dual_b.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::dual_b_gemm",
@@ -1273,11 +1308,7 @@ class GemvSchedule:
         """The problem the kernel computes: `problem` itself, or with trans_c its transpose
         C^T = B^T A^T (rows and columns swapped; the kernel's A is B^T, K-major where B is,
         and its B is A^T, K-major where A is)."""
-        if not cfg.trans_c:
-            return problem
-        return Problem(m=problem.n, n=problem.m, k=problem.k, batch=problem.batch,
-                       dtype=problem.dtype, a_major="k" if problem.b_major == "k" else "m",
-                       b_major="k" if problem.a_major == "k" else "n")
+        return transposed_problem(problem) if cfg.trans_c else problem
 
     @classmethod
     def tiles(cls, problem: Problem, cfg: GemvConfig) -> tuple[int, int]:

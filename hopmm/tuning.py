@@ -28,7 +28,7 @@ from .heuristics import GEMV_MAX_M, SPLIT_K_MAX_SPLITS, Choice, split_configs
 from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
 from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, GemvSchedule, SplitKParallelSchedule,
-                        StreamKSchedule)
+                        StreamKSchedule, transposed_problem)
 from .timing import interleaved_medians, sustained_medians
 
 TABLE_NAME = "autotune-v3.json"  # v2: entries carry a split count; v3: epilogue staging rings
@@ -60,6 +60,7 @@ class TunedEntry:
     when: str
     splits: int = 1   # split_k only; tables written before split-K have no such field
     block_m: int = BLOCK_M   # tables written before 192-row tiles have no such field
+    trans_c: bool = False    # computed as C^T (KernelConfig.trans_c); older tables: none
 
 
 def table_path() -> Path:
@@ -85,12 +86,15 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
                          f"{sched.tile_shapes()}")
     if type(entry.raster_group) is not int or entry.raster_group < 1:
         raise ValueError(f"raster_group {entry.raster_group!r} is not a positive int")
+    if type(entry.trans_c) is not bool or (entry.trans_c and not sched.transposed_store_ok):
+        raise ValueError(f"trans_c {entry.trans_c!r} invalid for schedule {entry.schedule!r}")
+    problem = transposed_problem(problem) if entry.trans_c else problem   # the kernel's
     deepest = sched.deepest(problem.dtype, entry.block_n, problem.trans_a, problem.trans_b,
                             device.smem_per_block_optin, entry.block_m)
     if deepest is None or type(entry.stages) is not int or not (
             MIN_STAGES <= entry.stages <= deepest.stages):
         raise ValueError(f"stages {entry.stages!r} do not fit this device's shared memory")
-    cfg = replace(deepest, stages=entry.stages)
+    cfg = replace(deepest, stages=entry.stages, trans_c=entry.trans_c)
     splits = entry.splits
     if type(splits) is not int or splits < 1 or (splits > 1 and not sched.splits_label):
         raise ValueError(f"splits {splits!r} invalid for schedule {entry.schedule!r}")
@@ -100,7 +104,9 @@ def choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -> Choi
     sched.check_grid(problem, cfg, batch_count, entry.raster_group, splits)
     return Choice(sched, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
                               f"({table_path()})"
-                  + (f"; split_k with {splits} splits" if sched.split_k else ""),
+                  + (f"; split_k with {splits} splits" if sched.split_k else "")
+                  + ("; computed as C^T = B^T A^T and stored transposed" if cfg.trans_c
+                     else ""),
                   entry.raster_group, splits)
 
 
@@ -187,9 +193,10 @@ def _read(path: Path) -> dict:
 def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False,
            epilogue_reads: bool = False) -> Choice | None:
     """The autotuned choice for `problem`, None where there is none or it cannot serve the
-    call well (`epilogue`: the call fuses an epilogue, which gemv does not take;
-    `epilogue_reads`: one that reads bias or c, which a winner timed without it may read one
-    pair at a time (Schedule.epilogue_fetches_boxes): heuristics.choose decides such calls)."""
+    call well (`epilogue`: the call fuses an epilogue, which gemv and a transposed kernel do
+    not take; `epilogue_reads`: one that reads bias or c, which a winner timed without it may
+    read one pair at a time (Schedule.epilogue_fetches_boxes): heuristics.choose decides such
+    calls)."""
     entry = _table.entries().get(problem_key(problem, device))
     if entry is None:
         return None
@@ -198,7 +205,7 @@ def lookup(problem: Problem, device: DeviceInfo, epilogue: bool = False,
     except (TypeError, ValueError) as exc:
         print(f"hopmm: ignoring autotune entry {entry}: {exc!r}", file=sys.stderr)
         return None
-    if epilogue and choice.schedule is GemvSchedule:
+    if epilogue and (choice.schedule is GemvSchedule or choice.config.trans_c):
         return None
     if epilogue_reads and not choice.schedule.epilogue_fetches_boxes(choice.config):
         return None
@@ -258,6 +265,7 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
                 counts = {min(s, bound) for s in SPLIT_COUNTS if s <= SPLIT_K_MAX_SPLITS}
             for splits in sorted(counts if short else counts - {1}):
                 out.extend(Choice(sched, cfg, "autotune candidate", g, splits) for g in groups)
+    out += transposed_candidates(problem, device)
     out += gemv_candidates(problem, device)
     # The heuristic's own choice, whose split count or group may be none of those above: a
     # table entry then never holds a config slower than what matmul runs untuned.
@@ -270,6 +278,28 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     return out
 
 
+def transposed_candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
+    """Each tile shape x raster group of the schedules that store transposed
+    (KernelConfig.trans_c) on the transpose of `problem`, with the deepest pipeline; none
+    where B's lines are not whole 128-byte lines (the heuristic never transposes those)."""
+    if not problem.b_pitch_aligned:
+        return []
+    flipped = transposed_problem(problem)
+    out = []
+    for sched in SCHEDULES.values():
+        if not sched.transposed_store_ok:
+            continue
+        for block_m, block_n in sched.tile_shapes():
+            cfg = sched.deepest(flipped.dtype, block_n, flipped.trans_a, flipped.trans_b,
+                                device.smem_per_block_optin, block_m)
+            if cfg is None:
+                continue
+            tiles_m = -(-flipped.m // cfg.block_m)
+            out.extend(Choice(sched, replace(cfg, trans_c=True), "autotune candidate", g)
+                       for g in sorted({min(g, tiles_m) for g in RASTER_GROUPS}))
+    return out
+
+
 def label(choice: Choice) -> str:
     c = choice.config
     if choice.schedule is GemvSchedule:
@@ -278,7 +308,8 @@ def label(choice: Choice) -> str:
     split = f" {counted}{choice.splits}" if counted else ""
     tail = (f" + tail {choice.tail.axis}{choice.tail.start}: {label(choice.tail.choice)}"
             if choice.tail else "")
-    return (f"{choice.schedule.name} {c.block_m}x{c.block_n} s{c.stages} "
+    transposed = " C^T" if c.trans_c else ""
+    return (f"{choice.schedule.name} {c.block_m}x{c.block_n}{transposed} s{c.stages} "
             f"g{choice.raster_group}{split}{tail}")
 
 
@@ -359,7 +390,8 @@ def autotune(shapes, dtype="bfloat16", *, warmup_s: float = 0.3, rounds: int = 5
         record({problem_key(call.problem, device): None if choice.tail else TunedEntry(
             choice.schedule.name, cfg.block_n, 0 if gemv else cfg.stages,
             choice.raster_group, round(ranked[best], 1), time.strftime("%Y-%m-%d"),
-            choice.splits, cfg.max_rows if gemv else cfg.block_m)})
+            choice.splits, cfg.max_rows if gemv else cfg.block_m,
+            not gemv and cfg.trans_c)})
         fastpath.clear()  # remembered launches were built from the old choices
         how = f"alone, of {len(finalists)} finalists" if finalists else "interleaved"
         print(f"[autotune] {m}x{n}x{k} {dtype}: best {best} {ranked[best]:.1f} TFLOP/s ({how}) "

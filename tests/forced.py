@@ -55,14 +55,16 @@ def tile_shape(tile) -> tuple[int, int]:
     return tile if isinstance(tile, tuple) else (BLOCK_M, tile)
 
 
-def run(a, b, schedule, tile, group=16, row_pitch=None, phased=False, splits=1):
+def run(a, b, schedule, tile, group=16, row_pitch=None, phased=False, splits=1,
+        transposed=False):
     """C = A @ B on one forced schedule, tile and raster group, stored into a NaN-poisoned
     buffer with spare rows below each slice and padding right of each row. Returns (the
     result view, the whole buffer). With `row_pitch` (elements, any), the kernel is the
     row-store config (KernelConfig.row_store) and the buffer's rows lie that far apart,
     starting one element into the buffer (so no row need start on 16 bytes). With
     `phased`, A and B whose rows lie off 16 bytes are read where they lie through their phase
-    maps (KernelConfig.a_pitch_mod8, b_pitch_mod8). `splits`: a split-K schedule's."""
+    maps (KernelConfig.a_pitch_mod8, b_pitch_mod8). `splits`: a split-K schedule's. With
+    `transposed`, the kernel computes C^T = B^T A^T on `tile` (KernelConfig.trans_c)."""
     from dataclasses import replace
 
     import cupy
@@ -70,7 +72,7 @@ def run(a, b, schedule, tile, group=16, row_pitch=None, phased=False, splits=1):
     from hopmm import launch, layout, operands
     from hopmm.device import query
     from hopmm.heuristics import Choice
-    from hopmm.schedules import SCHEDULES
+    from hopmm.schedules import SCHEDULES, transposed_problem
 
     shapes = layout.matmul_shapes(a.shape, b.shape)
     call = operands.kernel_operands(a, b, shapes, phased)   # as the tile kernels read them
@@ -78,7 +80,10 @@ def run(a, b, schedule, tile, group=16, row_pitch=None, phased=False, splits=1):
     p = call.problem
     block_m, block_n = tile_shape(tile)
     smem_limit = query(cupy.cuda.Device().id).smem_per_block_optin
-    cfg = sched.deepest(p.dtype, block_n, p.trans_a, p.trans_b, smem_limit, block_m)
+    kp = transposed_problem(p) if transposed else p   # the problem the kernel computes
+    cfg = sched.deepest(p.dtype, block_n, kp.trans_a, kp.trans_b, smem_limit, block_m)
+    if transposed:
+        cfg = replace(cfg, trans_c=True)
     if phased:
         assert call.a_pitch_mod8 or call.b_pitch_mod8, "no operand for the phase maps"
         for name in ("a", "b"):
@@ -129,14 +134,15 @@ def run_choice(a, b, adjust, in_place: bool = False):
     return c3.reshape(s.out_shape), choice
 
 
-def check(a, b, schedule, tile, dtype, group=16, phased=False, splits=1):
+def check(a, b, schedule, tile, dtype, group=16, phased=False, splits=1, transposed=False):
     """Runs `run` and asserts: every output element written and within TOL of the reference,
     nothing written below the last row or right of the last column. Returns the result."""
     import cupy
 
     from hopmm.layout import padded
 
-    c3, buf = run(a, b, schedule, tile, group, phased=phased, splits=splits)
+    c3, buf = run(a, b, schedule, tile, group, phased=phased, splits=splits,
+                  transposed=transposed)
     ref = cupy.matmul(a.astype(cupy.float32), b.astype(cupy.float32))
     ref = ref.reshape(c3.shape)
     got = c3.astype(cupy.float32)

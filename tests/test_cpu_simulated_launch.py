@@ -295,6 +295,12 @@ class SimulatedLaunch:
         a_k_major, b_n_major = self.a_k_major, self.b_n_major
         assert a_box is None or a_box[1] == TMA_BOX_ELEMS   # 64-row boxes (or 64-wide ones)
         n, m = c_dims[0], c_dims[1]
+        # A transposed kernel (KernelConfig.trans_c) computes C^T: its rows are C's columns,
+        # and it stores each tile transposed.
+        transposed = "_ct_" in name
+        if transposed:
+            assert self.epilogue_spec is None and not self.row_store
+            m, n = n, m
         block_m = WGMMA_M * (self.block_x // WARPGROUP_THREADS - 1)   # a producer, then consumers
         assert self.tiles_m == -(-m // block_m)
         assert self.k == (a_dims[0] if a_k_major else a_dims[1])
@@ -303,7 +309,8 @@ class SimulatedLaunch:
             za, zb = (z // self.a_div) % self.a_mod, (z // self.b_div) % self.b_mod
             am = a[za] if a_k_major else a[za].T          # (m, k)
             bm = b[zb] if b_n_major else b[zb].T          # (k, n)
-            c[z] = self._final(am.astype(np.float32) @ bm.astype(np.float32), z, dt)
+            tile = self._final(am.astype(np.float32) @ bm.astype(np.float32), z, dt)
+            c[z] = tile.T if transposed else tile
 
     def _dtype(self):
         """The operands' dtype, from A's map (the first of a phased A's)."""
@@ -1201,3 +1208,30 @@ def test_simulated_few_rows_take_the_64x128_tile(simulated_gpu, m, k, n, transpo
     assert name.startswith("hopmm_persistent_") and "_64x128x64_" in name
     text = hopmm.explain(a, b)
     assert "schedule: persistent\n" in text and "streaming B sets the pace" in text
+
+
+@pytest.mark.parametrize("case", ["row_major", "both_transposed", "batched", "broadcast_b"])
+def test_simulated_transposed_product(simulated_gpu, monkeypatch, case):
+    """A product the heuristic computes as C^T = B^T A^T (KernelConfig.trans_c): the kernel
+    gets B^T as its A and A^T as its B (views, no copies: one launch), and its transposed
+    tiles land in C as they lie; a repeat on new operands takes the remembered launches,
+    which swap them again."""
+    m, k, n = 1152, 1280, 1408
+
+    def operands():
+        if case == "both_transposed":
+            return rand((k, m)).T, rand((n, k)).T
+        batch = {"batched": (2,), "broadcast_b": (3,)}.get(case, ())
+        return rand(batch + (m, k)), rand((2, k, n) if case == "batched" else (k, n))
+
+    a, b = operands()
+    text = hopmm.explain(a, b)
+    assert "stored transposed" in text and "_ct_" in text, text
+    planned = []
+    real_plan = api.plan
+    monkeypatch.setattr(api, "plan", lambda *args: planned.append(1) or real_plan(*args))
+    for _ in range(2):
+        a, b = operands()
+        expect(a, b, hopmm.matmul(a, b))
+        assert "_ct_" in _kernel_name(SimulatedLaunch.last.function)
+    assert SimulatedLaunch.copies == 0 and len(planned) == 1   # the repeat plans nothing

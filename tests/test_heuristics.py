@@ -99,9 +99,13 @@ def test_one_round_grids_take_groups_of_four(m, n, k):
     2432 x 704 x 9472 512 against 433 TFLOP/s with 16); a batch that takes the grid past one
     round, or a problem of many waves, takes its group by the wave's footprint."""
     c = choose(m, n, k)
-    tiles_m = -(-m // c.config.block_m)
-    assert tiles_m * -(-n // c.config.block_n) * c.splits <= H100_SXM.sm_count
-    assert c.raster_group == heuristics.ONE_ROUND_RASTER_GROUP
+    kernel_m, kernel_n = (n, m) if c.config.trans_c else (m, n)   # the transpose's tiles
+    tiles_m = -(-kernel_m // c.config.block_m)
+    assert tiles_m * -(-kernel_n // c.config.block_n) * c.splits <= H100_SXM.sm_count
+    # (64-row tiles group by the operand of the larger k-block slice: _short_one_round_group)
+    one_round = (heuristics.ONE_ROUND_RASTER_GROUP if c.config.block_m == heuristics.BLOCK_M
+                 else tiles_m if kernel_n > kernel_m else 1)
+    assert c.raster_group == one_round
     assert choose(4096, 14336, 4096).raster_group == heuristics.RASTER_GROUP_M
 
 

@@ -115,7 +115,14 @@ def test_candidates_cover_schedules_widths_and_groups():
     shapes = sum(len(s.tile_shapes()) for s in SCHEDULES.values()
                  if not s.split_k and s is not StreamKSchedule)
     stream_k = [c for c in cands if c.schedule is StreamKSchedule]
-    assert len(names) == len(cands) == shapes * len(tuning.RASTER_GROUPS) + len(stream_k)
+    # and the transpose on the schedules that store it (KernelConfig.trans_c), every tile
+    transposed = [c for c in cands if c.config.trans_c]
+    assert len(transposed) == len(tuning.RASTER_GROUPS) * sum(
+        len(s.tile_shapes()) for s in SCHEDULES.values() if s.transposed_store_ok)
+    assert all(" C^T " in tuning.label(c) and c.config.trans_a == PROBLEM.trans_b
+               for c in transposed)
+    assert len(names) == len(cands) == ((shapes * len(tuning.RASTER_GROUPS) + len(stream_k)
+                                         + len(transposed)))
     tiles_m = -(-PROBLEM.m // 128)
     assert sorted((c.config.block_n, c.raster_group) for c in stream_k) == [
         (n, g) for n in (128, 192, 256) for g in (1, tiles_m)]
@@ -130,9 +137,11 @@ def test_candidates_cover_schedules_widths_and_groups():
     small = tuning.candidates(Problem(256, 4096, 4096, 1, "bfloat16", "k", "n"), H100_SXM)
     # only two M tiles to group (four of split_k_parallel's 64-row tiles)
     assert all(c.raster_group == -(-256 // c.config.block_m) for c in small
-               if c.schedule is not StreamKSchedule)   # (its group 1: lanes of rows)
-    assert {c.raster_group for c in small
-            if c.config.block_m == 128 and c.schedule is not StreamKSchedule} == {2}
+               if c.schedule is not StreamKSchedule   # (its group 1: lanes of rows)
+               and not c.config.trans_c)              # (4096 rows of the transpose's)
+    assert {c.raster_group for c in small if c.config.trans_c} == set(tuning.RASTER_GROUPS)
+    assert {c.raster_group for c in small if c.config.block_m == 128
+            and c.schedule is not StreamKSchedule and not c.config.trans_c} == {2}
 
 
 @pytest.mark.parametrize("field,value", [("raster_group", 0), ("block_n", "256"),

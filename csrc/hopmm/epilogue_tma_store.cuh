@@ -13,6 +13,11 @@
 // then its warpgroup copies the box to the output itself (store_box_rows), clipped at the
 // output's edge: the result needs no aligned buffer and no copy out (NOTES v0.24).
 //
+// Transposed store (Config::kTransC): the kernel computes C^T = B^T A^T (its rows are the
+// output's columns) and stages each 64 x 64 accumulator box transposed (stmatrix .trans), so
+// the box in shared memory is a box of the output as it lies and one TMA store writes it. It
+// is plain: no epilogue chain, no row store.
+//
 // Seed 004: the fence.proxy.async that hands a staged box from the generic proxy (stmatrix)
 // to the async proxy (TMA) is executed by every writing thread, unconditionally, before the
 // barrier; only the store itself is issued by one thread.
@@ -92,6 +97,10 @@ struct TmaStoreEpilogue {
                                                      int thread, const EpilogueArgs& epilogue,
                                                      int row0, int n0, int z) {
         const int warp = thread / 32, lane = thread % 32;
+        if constexpr (Cfg::kTransC) {
+            stage_box_transposed<BOX>(acc, box_addr, warp, lane);
+            return;
+        }
         // Register i of this thread: row row0 + frag_row + 8 * ((i / 2) % 2), column
         // n0 + 8 * (i / 4) + frag_col + i % 2 (the layout above).
         const int frag_row = row0 + 16 * warp + lane / 4, frag_col = n0 + 2 * (lane % 4);
@@ -131,6 +140,30 @@ struct TmaStoreEpilogue {
                 const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
                 stmatrix_x4(addr, packed[g][0], packed[g][1], packed[g + 1][0], packed[g + 1][1]);
             }
+        }
+    }
+
+    // stage_box for a transposed store: the 8x8 block of the warp's rows 8 h .. 8 h + 7 and
+    // the box's columns 8 j' .. 8 j' + 7 goes, transposed, to box rows 8 j' .. 8 j' + 7 (the
+    // output's rows) and 16-byte chunk 2 warp + h of them (the output's columns): lane l
+    // addresses row l % 8 of block l / 8 = (j' - g) * 2 + h, as in stage_box.
+    template <int BOX, int NREG>
+    __device__ __forceinline__ static void stage_box_transposed(const float (&acc)[NREG],
+                                                                u32 box_addr, int warp,
+                                                                int lane) {
+        static_assert(!Cfg::kEpilogue && !Cfg::kRowStore,
+                      "a transposed store is plain and goes through TMA");
+        const int matrix = lane / 8;
+        const int chunk = 2 * warp + matrix % 2;
+#pragma unroll
+        for (int g = 0; g < kGroupsPerBox; g += 2) {
+            const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
+            const int row = 8 * (g + matrix / 2) + lane % 8;
+            const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+            stmatrix_x4_trans(addr, pack(acc[4 * j], acc[4 * j + 1]),
+                              pack(acc[4 * j + 2], acc[4 * j + 3]),
+                              pack(acc[4 * j + 4], acc[4 * j + 5]),
+                              pack(acc[4 * j + 6], acc[4 * j + 7]));
         }
     }
 
@@ -319,7 +352,12 @@ struct TmaStoreEpilogue {
                     store_row_block_rows<R>(smem, consumer, thread, row0 + R * S::kWgmmaM, n0,
                                             z);
             } else if (thread == 0) {
-                tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
+                // Transposed, the box's rows are the kernel's columns, and its columns the
+                // kernel's rows.
+                if constexpr (Cfg::kTransC)
+                    tma_store_3d(map_c, box, row0 + R * S::kWgmmaM, n0 + BOX * kTmaBoxElems, z);
+                else
+                    tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
                 bulk_commit_group();
             }
             constexpr bool kLastOfRow = BOX + 1 == kBoxesPerRowBlock;

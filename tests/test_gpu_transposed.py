@@ -1,0 +1,108 @@
+"""GPU tier: the transposed product (KernelConfig.trans_c: the kernel computes C^T = B^T A^T
+and stages its boxes transposed, so they are boxes of C), forced through the launch layer on
+every tile of the persistent and overlap kernels and unforced through hopmm.matmul where the
+heuristic takes it, against an fp32 cupy.matmul into NaN-poisoned outputs with spare rows:
+every layout, tile edges, one row, one column, K below a k-block, several tiles per CTA,
+raster groups, batches and broadcasts, bitwise repeats, and the calls it cannot serve (a
+fused epilogue, result rows TMA cannot store) on the choice it displaced. Skips without a
+Hopper GPU."""
+import pytest
+
+from conftest import requires_hopper
+from forced import check, check_call, check_close, operands, reference, run
+
+pytestmark = requires_hopper
+
+LAYOUTS = {"NN": (False, False), "TN": (True, False), "NT": (False, True), "TT": (True, True)}
+
+
+def _tiles():
+    from hopmm.schedules import SCHEDULES
+
+    return [(name, tile) for name in ("persistent", "persistent_overlap")
+            for tile in SCHEDULES[name].tile_shapes()]
+
+
+@pytest.mark.parametrize("schedule,tile", _tiles(), ids=lambda x: str(x))
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("m,n,k,group", [(1, 1, 1, 1),           # one row, one column
+                                         (129, 65, 40, 3),       # K below a k-block, edges
+                                         (3000, 2000, 200, 5)])  # several tiles per CTA
+def test_forced_transposed(schedule, tile, layout, m, n, k, group):
+    check(*operands(m, n, k, "bfloat16", *LAYOUTS[layout]), schedule, tile, "bfloat16", group,
+          transposed=True)
+
+
+@pytest.mark.parametrize("schedule,tile", [("persistent", (128, 256)),
+                                           ("persistent_overlap", (128, 192)),
+                                           ("persistent", (64, 192))], ids=str)
+@pytest.mark.parametrize("m,n,k", [(700, 300, 4097),     # one round, long K
+                                   (11008, 256, 1000),   # the kernel's rows: few columns of C
+                                   (200, 5000, 130)])
+def test_forced_transposed_fp16(schedule, tile, m, n, k):
+    check(*operands(m, n, k, "float16"), schedule, tile, "float16", group=4, transposed=True)
+
+
+@pytest.mark.parametrize("schedule,tile", [("persistent", (128, 128)),
+                                           ("persistent_overlap", (64, 128))], ids=str)
+@pytest.mark.parametrize("a_batch,b_batch", [((3,), (3,)), ((4,), ()), ((), (2,))])
+def test_forced_transposed_batched(schedule, tile, a_batch, b_batch):
+    a, _ = operands(300, 1, 1000, "float16", batch=a_batch)
+    _, b = operands(1, 520, 1000, "float16", batch=b_batch)
+    check(a, b, schedule, tile, "float16", group=2, transposed=True)
+
+
+@pytest.mark.parametrize("schedule,tile", [("persistent", (128, 256)),
+                                           ("persistent_overlap", (128, 192))], ids=str)
+def test_transposed_is_bitwise_repeatable(schedule, tile):
+    import cupy
+
+    a, b = operands(2500, 700, 3000, "bfloat16")
+    first, _ = run(a, b, schedule, tile, 8, transposed=True)
+    second, _ = run(a, b, schedule, tile, 8, transposed=True)
+    assert not bool(cupy.isnan(first.astype(cupy.float32)).any())
+    assert bool(cupy.array_equal(first.view(cupy.uint16), second.view(cupy.uint16)))
+
+
+# Products the heuristic computes transposed on an H100 and on an H200 (many rows, few columns
+# and the reverse: the transpose's tiles fit its sides in fewer waves; tests/
+# test_transposed_cpu.py holds the model's reasons).
+UNFORCED = {
+    "rows_few_columns": (11008, 256, 5248),
+    "rows_more_columns": (5696, 448, 4224),
+    "near_square": (1728, 1856, 7040),
+}
+
+
+@pytest.mark.usefixtures("heuristic_choice")
+@pytest.mark.parametrize("layout", LAYOUTS)
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("case", UNFORCED, ids=list(UNFORCED))
+def test_heuristic_transposes(case, dtype, layout):
+    m, n, k = UNFORCED[case]
+    check_call(m, n, k, dtype, *LAYOUTS[layout], "stored transposed", "_ct_")
+
+
+@pytest.mark.usefixtures("heuristic_choice")
+def test_transposed_choice_leaves_fused_epilogues_and_unaligned_rows_to_the_one_it_displaced():
+    """A fused epilogue keeps the untransposed kernel; so does a result whose rows TMA cannot
+    store (its displaced choice stores them itself)."""
+    import cupy
+
+    import hopmm
+
+    m, n, k = UNFORCED["rows_few_columns"]
+    a, b = operands(m, n, k, "bfloat16")
+    bias = cupy.random.standard_normal(n, dtype=cupy.float32).astype(a.dtype)
+    text = hopmm.explain(a, b, bias=bias, activation="relu")
+    assert "stored transposed" not in text and "fused into the kernel" in text, text
+    from hopmm import epilogue
+
+    got = hopmm.matmul(a, b, bias=bias, activation="relu")
+    check_close(got, epilogue.reference(cupy, reference(a, b), bias=bias, activation="relu"),
+                "bfloat16")
+    out = cupy.full((m, n + 1), cupy.nan, dtype=a.dtype)[:, :n]   # rows 514 B apart
+    text = hopmm.explain(a, b, out)
+    assert "stored transposed" not in text and "stores the rows itself" in text, text
+    assert hopmm.matmul(a, b, out=out) is out
+    check_close(out, reference(a, b), "bfloat16")
