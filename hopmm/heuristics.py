@@ -1506,23 +1506,34 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     overlap kernels. An unforced choice may leave the tiles past its last whole wave to a
     second kernel (wave_tail_choice)."""
     choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
-    if schedule is None:
-        return (wave_tail_choice(choice, problem, device, epilogue, epilogue_reads)
-                or _sub_wave_stream_k(choice, problem, device)
-                or (None if epilogue else _transposed_choice(choice, problem, device))
-                or choice)
-    return choice
+    if schedule is not None:
+        return choice
+    rival = (wave_tail_choice(choice, problem, device, epilogue, epilogue_reads)
+             or _sub_wave_stream_k(choice, problem, device))
+    transposed = None if epilogue else _transposed_choice(choice, problem, device)
+    if transposed is None:
+        return rival or choice
+    if rival is None:
+        return transposed
+    transposed_us, rival_us = (_choice_us(transposed, problem, device),
+                               _rival_us(rival, problem, device))
+    if rival_us <= transposed_us:
+        return rival
+    return replace(transposed, reason=f"{transposed.reason}; {rival_us:.1f} us by the model of "
+                                      f"{_choice_name(rival)}")
 
 
 # The transposed product. C^T = B^T A^T has the same tiles with rows and columns swapped, so
 # the persistent kernels' tiles of BLOCK_M x N rows and columns also cover C as N x BLOCK_M
 # (or N x 64) tiles, stored transposed (KernelConfig.trans_c): other counts of tiles along
-# each side, other waves, other operand layouts. Taken for plain products that no wave tail or
-# stream-K takes, where the wave model (_persistent_us) puts the transposed problem's
-# persistent tile TRANSPOSE_MIN_GAIN ahead of the pick's on C: on 31 random products (H200)
-# the model's lead ranked the measured gains; those it put 1.08 x ahead or more ran 1.12 x, none
-# slower, those it put 1.05-1.08 x ahead 1.06 x, three of nine slower (NOTES v0.58). The narrow
-# tile keeps its problems, as it does from the 64-row tiles.
+# each side, other waves, other operand layouts. Taken for plain products where the wave model
+# (_persistent_us) puts the transposed problem's persistent tile TRANSPOSE_MIN_GAIN ahead of
+# the pick's on C: on 31 random products (H200) the model's lead ranked the measured gains;
+# those it put 1.08 x ahead or more ran 1.12 x, none slower, those it put 1.05-1.08 x ahead
+# 1.06 x, three of nine slower. Where a wave tail or stream-K takes the pick too, the lower of
+# their models wins: on 45 such products the transposed tile ran 1.07 x them where its model
+# was ahead (NOTES v0.58). The narrow tile keeps its problems, as it does from the 64-row
+# tiles.
 TRANSPOSE_MIN_GAIN = 1.08
 
 
@@ -1549,6 +1560,23 @@ def _transposed_choice(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
            f"{why}")
     return Choice(sched, replace(cfg, trans_c=True), _with_memory_plan(why, cfg, device, group),
                   group, instead=pick)
+
+
+def _rival_us(rival: Choice, problem: Problem, device: DeviceInfo) -> float:
+    """The model's time of a transposed choice's rival: a wave tail's two kernels
+    (wave_tail_choice's sum), or stream-K's."""
+    if rival.tail is None:
+        return _choice_us(rival, problem, device)
+    main_p, tail_p = rival.tail.problems(problem)
+    return _tail_split_us(rival.schedule, rival.config, main_p,
+                          _choice_us(rival.tail.choice, tail_p, device), device)
+
+
+def _choice_name(choice: Choice) -> str:
+    """A choice's schedule and tile, for a reason: e.g. "stream_k 128x192", "persistent
+    128x256 + a tail on split_k_cluster"."""
+    tail = f" + a tail on {choice.tail.choice.schedule.name}" if choice.tail else ""
+    return f"{choice.schedule.name} {choice.config.block_m}x{choice.config.block_n}{tail}"
 
 
 def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,
@@ -2319,6 +2347,12 @@ def _tail_start(sched, problem: Problem, device: DeviceInfo, cfg: KernelConfig,
     return start if 0 < start < getattr(problem, axis) else None
 
 
+def _tail_split_us(sched, cfg: KernelConfig, main_p: Problem, tail_us: float,
+                   device: DeviceInfo) -> float:
+    """The wave model of the main part on `sched`'s `cfg`, a second launch and the tail."""
+    return _persistent_us(sched, main_p, device, cfg) + TAIL_LAUNCH_US + tail_us
+
+
 def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo,
                      epilogue: bool = False, epilogue_reads: bool = False) -> Choice | None:
     """`whole`'s problem as a main part of whole waves on a persistent kernel and a tail on
@@ -2341,7 +2375,7 @@ def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo,
             tail_us = _choice_us(tail, tail_p, device)
             if tail_us is None:
                 continue
-            us = _persistent_us(sched, main_p, device, cfg) + TAIL_LAUNCH_US + tail_us
+            us = _tail_split_us(sched, cfg, main_p, tail_us, device)
             if best is None or us < best[0]:
                 best = (us, sched, cfg, axis, start, main_p, tail_p, tail, tail_us)
     if best is None or best[0] * TAIL_MIN_GAIN > whole_us:

@@ -141,8 +141,9 @@ def test_stream_k_repeats_bitwise():
 
 
 # Sub-wave grids of 128-row tiles over at least STREAM_K_MIN_K_BLOCKS k-blocks that the heuristic
-# gives stream-K (76 tiles of 128 x 128; 72 of 128 x 64).
-SUB_WAVE = [(4800, 256, 8192, "bfloat16"), (4608, 192, 8192, "float16")]
+# gives stream-K, on an H100 and an H200 alike (neither transposed product's model is ahead of
+# stream-K's: tests/test_transposed_cpu.py).
+SUB_WAVE = [(6784, 320, 8192, "bfloat16"), (4608, 192, 8192, "float16")]
 
 
 @pytest.mark.parametrize("m,n,k,dtype", SUB_WAVE)
@@ -155,22 +156,3 @@ def test_sub_wave_products_take_stream_k(m, n, k, dtype, layout):
 def test_sub_wave_stream_k_fused_into_c(m, n, k, dtype):
     text = check_fused_into_c(*operands(m, n, k, dtype), "columns", dtype)
     assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text
-
-
-def test_sub_wave_rows_off_16_bytes_stay_on_phase_maps():
-    """A whose rows lie off 16 bytes (a view of every 8192 of 8195 columns): the persistent
-    choice stream-K displaced reads them in place through phase maps, as before the rule, and
-    the result is right."""
-    import cupy
-
-    import hopmm
-
-    m, n, k = 8704, 192, 8192
-    a = rand((m, k + 3), "bfloat16")[:, :k]
-    b = rand((k, n), "bfloat16")
-    assert "schedule: stream_k\n" in hopmm.explain(rand((m, k), "bfloat16"), b)
-    text = hopmm.explain(a, b)
-    assert "schedule: persistent" in text and "read where they lie" in text, text
-    out = cupy.full((m, n), cupy.nan, dtype=a.dtype)
-    hopmm.matmul(a, b, out=out)
-    check_close(out, reference(a, b), "bfloat16")

@@ -4,12 +4,12 @@ every tile of the persistent and overlap kernels and unforced through hopmm.matm
 heuristic takes it, against an fp32 cupy.matmul into NaN-poisoned outputs with spare rows:
 every layout, tile edges, one row, one column, K below a k-block, several tiles per CTA,
 raster groups, batches and broadcasts, bitwise repeats, and the calls it cannot serve (a
-fused epilogue, result rows TMA cannot store) on the choice it displaced. Skips without a
-Hopper GPU."""
+fused epilogue, result rows TMA cannot store, operands read through phase maps) on the choice
+it displaced. Skips without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
-from forced import check, check_call, check_close, operands, reference, run
+from forced import check, check_call, check_close, operands, rand, reference, run
 
 pytestmark = requires_hopper
 
@@ -105,4 +105,24 @@ def test_transposed_choice_leaves_fused_epilogues_and_unaligned_rows_to_the_one_
     text = hopmm.explain(a, b, out)
     assert "stored transposed" not in text and "stores the rows itself" in text, text
     assert hopmm.matmul(a, b, out=out) is out
+    check_close(out, reference(a, b), "bfloat16")
+
+
+@pytest.mark.usefixtures("heuristic_choice")
+def test_rows_off_16_bytes_run_on_the_choice_the_transpose_displaced():
+    """A whose rows lie off 16 bytes (a view of every 8192 of 8195 columns): the persistent
+    choice the transposed one displaced reads them in place through phase maps."""
+    import cupy
+
+    import hopmm
+
+    m, n, k = 8704, 192, 8192
+    a = rand((m, k + 3), "bfloat16")[:, :k]
+    b = rand((k, n), "bfloat16")
+    assert "stored transposed" in hopmm.explain(rand((m, k), "bfloat16"), b)
+    text = hopmm.explain(a, b)
+    assert "schedule: persistent" in text and "read where they lie" in text, text
+    assert "stored transposed" not in text, text
+    out = cupy.full((m, n), cupy.nan, dtype=a.dtype)
+    hopmm.matmul(a, b, out=out)
     check_close(out, reference(a, b), "bfloat16")

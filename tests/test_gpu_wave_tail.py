@@ -20,7 +20,7 @@ CASES = {
     "rows": (17196, 64, 4096, False, False, "rows"),
     "rows_a_transposed": (17196, 64, 4096, True, False, "rows"),
     "rows_b_transposed": (17196, 64, 4096, False, True, "rows"),
-    "rows_wider": (17196, 256, 4096, False, False, "rows"),
+    "rows_wider": (17196, 512, 4096, False, False, "rows"),
     "columns": (384, 17600, 4096, False, False, "columns"),
     "columns_b_transposed": (384, 17600, 4096, False, True, "columns"),
     "persistent_tail": (3648, 2880, 5888, False, False, "columns"),

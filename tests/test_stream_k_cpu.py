@@ -2,6 +2,7 @@
 workspace, the forced choice and its model, the heuristic's rule for sub-wave grids over a
 long K, its place in autotune, the rendered kernel's hand-off order; and the heuristic's
 store-bound rule for short K."""
+import math
 import random
 import re
 from dataclasses import replace
@@ -16,6 +17,16 @@ from hopmm.schedules import PersistentSchedule, StreamKSchedule as SK
 
 # An H200 as the heuristic sees it: the H100's SMs and clusters, HBM3e's 4.81 TB/s.
 H200 = replace(H100_SXM_CLUSTERS, name="NVIDIA H200 (assumed)", dram_tbps=4.81)
+
+
+@pytest.fixture
+def without_transpose(monkeypatch):
+    """Stream-K's rule on its own: the transposed product, whose model beats stream-K's on some
+    of these products (its rule: tests/test_transposed_cpu.py), out of the way."""
+    monkeypatch.setattr(heuristics, "TRANSPOSE_MIN_GAIN", math.inf)
+    heuristics.choose.cache_clear()
+    yield
+    heuristics.choose.cache_clear()
 
 
 def problem(m, n, k, batch=1, dtype="bfloat16"):
@@ -116,6 +127,7 @@ def test_model_terms():
     assert us >= b_twice
 
 
+@pytest.mark.usefixtures("without_transpose")
 def test_sub_wave_long_k_takes_stream_k():
     """76 tiles of 128 x 128 over 473 k-blocks leave 56 SMs idle: stream-K on every SM, one
     lane of 128 x 256 tiles (B, the lanes' own operand, fits L2), says why, and its model is not
@@ -128,6 +140,7 @@ def test_sub_wave_long_k_takes_stream_k():
     assert heuristics.choose(p, H100_SXM, "persistent").schedule is PersistentSchedule
 
 
+@pytest.mark.usefixtures("without_transpose")
 def test_sub_wave_counts_a_batchs_tiles_once():
     """Two slices of 2560 x 256 x 15488: 80 tiles of 128 x 128 in all, under the 132 SMs."""
     c = heuristics.choose(problem(2560, 256, 15488, 2), H100_SXM)
@@ -149,6 +162,7 @@ def test_sub_wave_rule_keeps_the_pick(m, n, k, batch, why):
     assert c.schedule is not SK, why
 
 
+@pytest.mark.usefixtures("without_transpose")
 def test_sub_wave_stream_k_keeps_the_pick_it_displaced():
     """Operands read in place through phase maps (which stream-K lacks) run on the persistent
     choice the rule displaced (heuristics.phaseable); a fused epilogue and a row store reach it
@@ -182,6 +196,7 @@ def test_sub_wave_stream_k_displaces_a_split_of_128_wide_tiles():
         4 * SK.lane_tiles(p, c.config, c.raster_group), "more than four CTAs a tile"
 
 
+@pytest.mark.usefixtures("without_transpose")
 def test_wait_on_stages_of_a_decides_a_sub_wave_pick():
     """8832 x 128 x 8576 on an H200: 69 tiles of 128 x 128, whose wave model (46.9 us) is
     below stream-K's (47.3), but whose CTAs wait on their six stages of A longer (55.6; the
@@ -354,6 +369,7 @@ def test_store_bound_kernels_compile_without_spills(dtype, a_major, b_major, m, 
         assert s.counts["tma_store"] > 0
 
 
+@pytest.mark.usefixtures("without_transpose")
 def test_short_loop_takes_stream_k_on_the_picks_own_tile():
     """9216 x 192 x 6720 on an H200 (105 k-blocks, seed 223's lowest at 0.77 x cuBLAS): 72
     tiles of 128 x 192 on the overlap kernel. Below STREAM_K_MIN_K_BLOCKS stream-K may run

@@ -1,8 +1,9 @@
 """CPU: the transposed product (KernelConfig.trans_c: the kernel computes C^T = B^T A^T and
 stores it transposed): which configs and schedules may ask for it, where the heuristic takes
-it (heuristics._transposed_choice, TRANSPOSE_MIN_GAIN) and where it keeps its pick, what the
-choice it displaced still serves (results stored by rows, operands read through phase maps),
-the model's estimate of it, and autotune's entries of it. The kernels compile in the kernels
+it (heuristics._transposed_choice, TRANSPOSE_MIN_GAIN; against a wave tail or stream-K, the
+lower model) and where it keeps its pick, what the choice it displaced still serves (results
+stored by rows, operands read through phase maps), the model's estimate of it, and
+autotune's entries of it. The kernels compile in the kernels
 tier (report.kernel_matrix); the launch layer runs in tests/test_cpu_simulated_launch.py; the
 measurements: bench/NOTES.md v0.58."""
 import random
@@ -121,6 +122,27 @@ def test_the_rule_on_random_products(device):
               and not heuristics._store_bound(problem, device)):
             assert heuristics._transposed_choice(c, problem, device) is None, (m, n, k)
     assert 10 < moved < 100
+
+
+@pytest.mark.parametrize("device", DEVICES, ids=["h100", "h200"])
+def test_against_a_wave_tail_or_stream_k_the_lower_model_wins(device):
+    """Where stream-K or a wave tail would also take the pick, the transposed choice runs
+    only where its wave model is below theirs (NOTES v0.58)."""
+    p = Problem(4800, 256, 30272, 1, "bfloat16")   # 76 tiles of 128 x 128 over 473 k-blocks
+    c = choose(4800, 256, 30272, device)
+    assert c.config.trans_c and "us by the model of stream_k 128x" in c.reason, c.reason
+    heuristics.choose.cache_clear()
+    with pytest.MonkeyPatch.context() as mp:   # the rival it beat
+        mp.setattr(heuristics, "TRANSPOSE_MIN_GAIN", float("inf"))
+        rival = heuristics.choose(p, device)
+    assert rival.schedule.name == "stream_k"
+    assert heuristics._choice_us(c, p, device) < heuristics._rival_us(rival, p, device)
+    p = Problem(8768, 256, 12096, 1, "bfloat16")   # the tail's two kernels ahead
+    c = choose(8768, 256, 12096, device)
+    assert c.tail is not None and not c.config.trans_c
+    transposed = heuristics._transposed_choice(c.tail.whole, p, device)
+    assert transposed is not None
+    assert heuristics._rival_us(c, p, device) <= heuristics._choice_us(transposed, p, device)
 
 
 def test_the_displaced_choice_serves_rows_and_phase_maps():
