@@ -1504,7 +1504,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
     is an error. `epilogue_reads`: that epilogue reads bias or c, which keeps the call off the
     overlap kernels. An unforced choice may leave the tiles past its last whole wave to a
-    second kernel (wave_tail_choice)."""
+    second kernel (wave_tail_choice), run on stream-K (_sub_wave_stream_k) or be computed
+    transposed (_transposed_choice; against either of the others, the lower model runs)."""
     choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
     if schedule is not None:
         return choice

@@ -382,10 +382,10 @@ class WarpSpecializedSchedule:
     @classmethod
     def consumer_roles(cls, cfg: KernelConfig) -> str:
         """How the consumer warpgroups divide the work (hopmm.explain shows it)."""
+        tile = f"{cfg.block_m}x{cfg.block_n} tile" + (" of C^T" if cfg.trans_c else "")
         if cfg.consumers == 1:
-            return f"1 warpgroup computes each {cfg.block_m}x{cfg.block_n} tile"
-        return (f"{cfg.consumers} warpgroups share each {cfg.block_m}x{cfg.block_n} tile, "
-                f"{cls.consumer_rows(cfg)} rows each")
+            return f"1 warpgroup computes each {tile}"
+        return f"{cfg.consumers} warpgroups share each {tile}, {cls.consumer_rows(cfg)} rows each"
 
     @staticmethod
     def threads(cfg: KernelConfig) -> int:

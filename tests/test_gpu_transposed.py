@@ -64,9 +64,9 @@ def test_transposed_is_bitwise_repeatable(schedule, tile):
     assert bool(cupy.array_equal(first.view(cupy.uint16), second.view(cupy.uint16)))
 
 
-# Products the heuristic computes transposed on an H100 and on an H200 (many rows, few columns
-# and the reverse: the transpose's tiles fit its sides in fewer waves; tests/
-# test_transposed_cpu.py holds the model's reasons).
+# Products the heuristic computes transposed on an H100 and on an H200: many rows over a few
+# hundred columns, and a near-square product whose transpose has fewer half-empty tiles (the
+# model's reasons: tests/test_transposed_cpu.py).
 UNFORCED = {
     "rows_few_columns": (11008, 256, 5248),
     "rows_more_columns": (5696, 448, 4224),
@@ -90,14 +90,13 @@ def test_transposed_choice_leaves_fused_epilogues_and_unaligned_rows_to_the_one_
     import cupy
 
     import hopmm
+    from hopmm import epilogue
 
     m, n, k = UNFORCED["rows_few_columns"]
     a, b = operands(m, n, k, "bfloat16")
     bias = cupy.random.standard_normal(n, dtype=cupy.float32).astype(a.dtype)
     text = hopmm.explain(a, b, bias=bias, activation="relu")
     assert "stored transposed" not in text and "fused into the kernel" in text, text
-    from hopmm import epilogue
-
     got = hopmm.matmul(a, b, bias=bias, activation="relu")
     check_close(got, epilogue.reference(cupy, reference(a, b), bias=bias, activation="relu"),
                 "bfloat16")

@@ -62,6 +62,9 @@ def test_only_plain_products_through_tma_on_the_persistent_kernels():
         PersistentOverlapSchedule.deepest("bfloat16", 192, True, False, 232448),
         trans_c=True))
     assert "kTransC = true" in src.source and "_ct_" in src.name
+    assert PersistentOverlapSchedule.consumer_roles(replace(
+        PersistentOverlapSchedule.deepest("bfloat16", 192, True, False, 232448), trans_c=True)
+    ) == "2 warpgroups share each 128x192 tile of C^T, 64 rows each"
 
 
 @pytest.mark.parametrize("device", DEVICES, ids=["h100", "h200"])
