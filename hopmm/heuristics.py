@@ -1521,7 +1521,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     if rival_us <= transposed_us:
         return rival
     return replace(transposed, reason=f"{transposed.reason}; {rival_us:.1f} us by the model of "
-                                      f"{_choice_name(rival)}")
+                                      f"{label(rival)}")
 
 
 # The transposed product. C^T = B^T A^T has the same tiles with rows and columns swapped, so
@@ -1573,11 +1573,19 @@ def _rival_us(rival: Choice, problem: Problem, device: DeviceInfo) -> float:
                           _choice_us(rival.tail.choice, tail_p, device), device)
 
 
-def _choice_name(choice: Choice) -> str:
-    """A choice's schedule and tile, for a reason: e.g. "stream_k 128x192", "persistent
-    128x256 + a tail on split_k_cluster"."""
-    tail = f" + a tail on {choice.tail.choice.schedule.name}" if choice.tail else ""
-    return f"{choice.schedule.name} {choice.config.block_m}x{choice.config.block_n}{tail}"
+def label(choice: Choice) -> str:
+    """A choice's schedule, tile, stages, raster group and splits in one line (autotune's
+    candidates and table, the A/B tools, a transposed choice's reason)."""
+    c = choice.config
+    if choice.schedule is GemvSchedule:
+        return f"gemv {c.tag} k{choice.splits}"
+    counted = choice.schedule.splits_label
+    split = f" {counted}{choice.splits}" if counted else ""
+    tail = (f" + tail {choice.tail.axis}{choice.tail.start}: {label(choice.tail.choice)}"
+            if choice.tail else "")
+    transposed = " C^T" if c.trans_c else ""
+    return (f"{choice.schedule.name} {c.block_m}x{c.block_n}{transposed} s{c.stages} "
+            f"g{choice.raster_group}{split}{tail}")
 
 
 def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,

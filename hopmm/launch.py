@@ -296,24 +296,40 @@ def _checked_kernel(sched, cfg, device_id: int):
             smem, device_id)
 
 
+class SwappedLaunch:
+    """A launch of a kernel that computes C^T = B^T A^T (KernelConfig.trans_c): its A is the
+    caller's B and its B the caller's A."""
+
+    __slots__ = ("inner",)
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int, *rest) -> None:
+        self.inner.launch(stream, b_ptr, a_ptr, c_ptr, *rest)
+
+
+def _transposed_operands(a3, a_map: BatchMapping, b3, b_map: BatchMapping) -> tuple:
+    """(A, its batch mapping, B, its batch mapping) of the transposed product C^T = B^T A^T:
+    views of B^T and A^T, no copies."""
+    return b3.transpose(0, 2, 1), b_map, a3.transpose(0, 2, 1), a_map
+
+
 class GemvLaunch:
     """A gemv launch (schedules.GemvSchedule): a KernelLaunch of no tensor maps and four
     pointers (A, B, C and the split-K scratch of the launching stream, looked up on every
     launch where the launch splits K)."""
 
-    __slots__ = ("inner", "device_id", "scratch_bytes", "swap")
+    __slots__ = ("inner", "device_id", "scratch_bytes")
 
-    def __init__(self, inner, device_id: int, scratch_bytes: int, swap: bool = False):
+    def __init__(self, inner, device_id: int, scratch_bytes: int):
         self.inner = inner
         self.device_id = device_id
         self.scratch_bytes = scratch_bytes
-        self.swap = swap   # the kernel computes C^T = B^T A^T: its A is B, its B is A
 
     def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int) -> None:
         scratch = (workspace.gemv_scratch(self.device_id, stream, self.scratch_bytes)
                    if self.scratch_bytes else 0)
-        if self.swap:
-            a_ptr, b_ptr = b_ptr, a_ptr
         self.inner.launch(stream, a_ptr, b_ptr, c_ptr, scratch)
 
 
@@ -361,32 +377,18 @@ def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
     programmatic = programmatic_launch()
     # The operands as the kernel reads them: with trans_c, B^T and A^T (views, no copies).
     kernel_problem = sched.kernel_problem(problem, cfg)
-    operands = (a3, a_map, b3, b_map)
-    if cfg.trans_c:
-        operands = (b3.transpose(0, 2, 1), b_map, a3.transpose(0, 2, 1), a_map)
+    operands = (_transposed_operands(a3, a_map, b3, b_map) if cfg.trans_c
+                else (a3, a_map, b3, b_map))
     launches = []
     for z0, count in layout.batch_chunks(problem.batch):
         grid = sched.grid(problem, cfg, count, splits=choice.splits)
         inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem, [],
                              _gemv_ints(kernel_problem, *operands, c3, z0),
                              pointers=GEMV_POINTERS, programmatic=programmatic)
-        launches.append(GemvLaunch(inner, device_id,
-                                   sched.scratch_bytes(problem, cfg, count, choice.splits),
-                                   swap=cfg.trans_c))
+        gemv = GemvLaunch(inner, device_id,
+                          sched.scratch_bytes(problem, cfg, count, choice.splits))
+        launches.append(SwappedLaunch(gemv) if cfg.trans_c else gemv)
     return launches
-
-
-class SwappedLaunch:
-    """A launch of a kernel that computes C^T = B^T A^T (KernelConfig.trans_c): its A is the
-    caller's B and its B the caller's A."""
-
-    __slots__ = ("inner",)
-
-    def __init__(self, inner):
-        self.inner = inner
-
-    def launch(self, stream: int, a_ptr: int, b_ptr: int, c_ptr: int, *rest) -> None:
-        self.inner.launch(stream, b_ptr, a_ptr, c_ptr, *rest)
 
 
 def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
@@ -408,8 +410,8 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         # copies) and its boxes, staged transposed, are boxes of C itself.
         kernel_problem = choice.schedule.kernel_problem(problem, choice.config)
         return [SwappedLaunch(x) for x in _tile_launches(
-            choice, kernel_problem, b3.transpose(0, 2, 1), b_map, a3.transpose(0, 2, 1),
-            a_map, c3, epilogue)]
+            choice, kernel_problem, *_transposed_operands(a3, a_map, b3, b_map), c3,
+            epilogue)]
     return _tile_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
 
 

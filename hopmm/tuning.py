@@ -24,7 +24,7 @@ from . import device as device_mod
 from . import fastpath, kernel_cache, launch, layout, operands
 from .device import DeviceInfo
 from . import heuristics
-from .heuristics import GEMV_MAX_M, SPLIT_K_MAX_SPLITS, Choice, split_configs
+from .heuristics import GEMV_MAX_M, SPLIT_K_MAX_SPLITS, Choice, label, split_configs
 from .layout import MAX_GRID_Z
 from .problem import KERNEL_DTYPES, Problem
 from .schedules import (BLOCK_M, MIN_STAGES, SCHEDULES, GemvSchedule, SplitKParallelSchedule,
@@ -235,19 +235,15 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     groups, same meaning.)"""
     out = []
     for sched in SCHEDULES.values():
-        if sched is SplitKParallelSchedule:
-            configs = split_configs(sched, problem, device)
-        else:
-            configs = [sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
-                                     device.smem_per_block_optin, block_m)
-                       for block_m, block_n in sched.tile_shapes()]
         if sched is StreamKSchedule:
             out.extend(replace(c, reason="autotune candidate")
                        for c in heuristics.stream_k_choices(problem, device))
             continue
-        for cfg in filter(None, configs):
+        configs = (split_configs(sched, problem, device) if sched is SplitKParallelSchedule
+                   else _tile_configs(sched, problem, device))
+        for cfg in configs:
             tiles_m = -(-problem.m // cfg.block_m)
-            groups = sorted({min(g, tiles_m) for g in RASTER_GROUPS})
+            groups = _raster_groups(problem, cfg)
             if not sched.split_k:
                 out.extend(Choice(sched, cfg, "autotune candidate", g) for g in groups)
                 continue
@@ -278,6 +274,20 @@ def candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     return out
 
 
+def _tile_configs(sched, problem: Problem, device: DeviceInfo) -> list:
+    """`sched`'s deepest config of each of its tile shapes that fits, in `problem`'s layout."""
+    configs = (sched.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                             device.smem_per_block_optin, block_m)
+               for block_m, block_n in sched.tile_shapes())
+    return [cfg for cfg in configs if cfg is not None]
+
+
+def _raster_groups(problem: Problem, cfg) -> list[int]:
+    """RASTER_GROUPS, each at most the problem's M-tiles."""
+    tiles_m = -(-problem.m // cfg.block_m)
+    return sorted({min(g, tiles_m) for g in RASTER_GROUPS})
+
+
 def transposed_candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     """Each tile shape x raster group of the schedules that store transposed
     (KernelConfig.trans_c) on the transpose of `problem`, with the deepest pipeline; none
@@ -285,32 +295,10 @@ def transposed_candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     if not problem.b_pitch_aligned:
         return []
     flipped = transposed_problem(problem)
-    out = []
-    for sched in SCHEDULES.values():
-        if not sched.transposed_store_ok:
-            continue
-        for block_m, block_n in sched.tile_shapes():
-            cfg = sched.deepest(flipped.dtype, block_n, flipped.trans_a, flipped.trans_b,
-                                device.smem_per_block_optin, block_m)
-            if cfg is None:
-                continue
-            tiles_m = -(-flipped.m // cfg.block_m)
-            out.extend(Choice(sched, replace(cfg, trans_c=True), "autotune candidate", g)
-                       for g in sorted({min(g, tiles_m) for g in RASTER_GROUPS}))
-    return out
-
-
-def label(choice: Choice) -> str:
-    c = choice.config
-    if choice.schedule is GemvSchedule:
-        return f"gemv {c.tag} k{choice.splits}"
-    counted = choice.schedule.splits_label
-    split = f" {counted}{choice.splits}" if counted else ""
-    tail = (f" + tail {choice.tail.axis}{choice.tail.start}: {label(choice.tail.choice)}"
-            if choice.tail else "")
-    transposed = " C^T" if c.trans_c else ""
-    return (f"{choice.schedule.name} {c.block_m}x{c.block_n}{transposed} s{c.stages} "
-            f"g{choice.raster_group}{split}{tail}")
+    return [Choice(sched, replace(cfg, trans_c=True), "autotune candidate", g)
+            for sched in SCHEDULES.values() if sched.transposed_store_ok
+            for cfg in _tile_configs(sched, flipped, device)
+            for g in _raster_groups(flipped, cfg)]
 
 
 def _validate_shapes(shapes, dtype) -> list[tuple[int, int, int]]:

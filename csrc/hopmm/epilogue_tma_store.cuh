@@ -55,6 +55,12 @@ struct TmaStoreEpilogue {
     static_assert((kGroupsPerFetch > 1) == Cfg::kEpilogueFetchesBoxes,
                   "the schedule (epilogue_fetches_boxes) and the kernel agree on the fetch");
 
+    // The 16-byte chunk `chunk` of row `row` of the SWIZZLE_128B staging box at `box`: chunks
+    // are XOR-ed with the row's place in its 8-row atom.
+    __device__ __forceinline__ static u32 box_chunk(u32 box, int row, int chunk) {
+        return box + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+    }
+
     __device__ __forceinline__ static u32 pack(float lo, float hi) {
         return Cfg::kBf16 ? pack_bf16x2(lo, hi) : pack_f16x2(lo, hi);
     }
@@ -113,7 +119,7 @@ struct TmaStoreEpilogue {
             for (int g = 0; g < kGroupsPerBox; g += 2) {
                 const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
                 const int chunk = g + chunk_of_pair;    // 16-byte chunk of the box row
-                const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+                const u32 addr = box_chunk(box_addr, row, chunk);
                 stmatrix_x4(addr, fetched_pair(acc, j, 0, epilogue, frag_row, frag_col, z),
                             fetched_pair(acc, j, 1, epilogue, frag_row, frag_col, z),
                             fetched_pair(acc, j + 1, 0, epilogue, frag_row, frag_col, z),
@@ -137,7 +143,7 @@ struct TmaStoreEpilogue {
 #pragma unroll
             for (int g = 0; g < kGroupsPerBox; g += 2) {
                 const int chunk = g + chunk_of_pair;  // 16-byte chunk of the box row
-                const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+                const u32 addr = box_chunk(box_addr, row, chunk);
                 stmatrix_x4(addr, packed[g][0], packed[g][1], packed[g + 1][0], packed[g + 1][1]);
             }
         }
@@ -159,7 +165,7 @@ struct TmaStoreEpilogue {
         for (int g = 0; g < kGroupsPerBox; g += 2) {
             const int j = BOX * kGroupsPerBox + g;  // 8-column group of the accumulator
             const int row = 8 * (g + matrix / 2) + lane % 8;
-            const u32 addr = box_addr + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+            const u32 addr = box_chunk(box_addr, row, chunk);
             stmatrix_x4_trans(addr, pack(acc[4 * j], acc[4 * j + 1]),
                               pack(acc[4 * j + 2], acc[4 * j + 3]),
                               pack(acc[4 * j + 4], acc[4 * j + 5]),
@@ -183,9 +189,9 @@ struct TmaStoreEpilogue {
     // (as for the fetch of a box's epilogue operands).
     static constexpr int kRowStoreUnroll = kGroupsPerFetch > 1 ? 4 : 1;
 
-    // Element x of box row r: its 16-byte chunk x / 8 is at chunk (x / 8) ^ (r % 8) (stage_box).
+    // Element x of box row r, in its 16-byte chunk x / 8 (box_chunk).
     __device__ __forceinline__ static u32 box_elem(u32 box, int r, int x) {
-        return box + r * kSwizzleBytes + (((x / 8) ^ (r % 8)) * 16) + (x % 8) * kElemBytes;
+        return box_chunk(box, r, x / 8) + (x % 8) * kElemBytes;
     }
 
     // `count` (up to 8) elements of the 16 bytes `v` to p (4-byte aligned), in the widest
