@@ -166,3 +166,10 @@ def draw_decode_shape(seed: int, index: int, dtypes) -> Shape:
 def draw_decode_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
     """Decode shapes start .. start + count - 1 of the draw `seed`."""
     return [draw_decode_shape(seed, i, dtypes) for i in _indices(start, count)]
+
+
+def draw_columns_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
+    """The decode shapes of the draw `seed` with M and N swapped: products of 1-16 columns
+    (a router's or a classifier's few outputs over many tokens), whose big operand is A."""
+    return [Shape(s.index, s.n, s.m, s.k, s.dtype, s.rounded)
+            for s in draw_decode_shapes(seed, start, count, dtypes)]

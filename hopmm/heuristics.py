@@ -12,13 +12,14 @@ from .compile import compile_schedule
 from .device import H100_SXM, DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_VEC,
-                        MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
-                        TMA_BOX_ELEMS, WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
-                        PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
-                        PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
-                        SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule,
-                        StreamKSchedule, transposed_problem)
+from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_MAX_ROWS,
+                        GEMV_MMA_ROWS, GEMV_VEC, MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES,
+                        SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig, GemvSchedule,
+                        KernelConfig, PersistentClusterOverlapSchedule,
+                        PersistentClusterQuadSchedule, PersistentClusterSchedule,
+                        PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
+                        SplitKParallelSchedule, SplitKSchedule, StreamKSchedule,
+                        transposed_problem)
 
 # Every DRAM rate below (the *_DRAM_TBPS and COPY_TBPS) was measured on an H100 SXM, whose HBM3
 # peaks at REFERENCE_DRAM_TBPS; on another device it is scaled by that device's peak over this
@@ -985,7 +986,13 @@ def _plain_us(problem: Problem, device: DeviceInfo) -> float:
 #   unroll x cols x 16 B (GemvConfig.inflight_bytes), and fill is the share of it the grid's
 #   CTAs give (its split counts were the best measured on three of four v0.18 shapes);
 # - GEMV_MIN_SPLIT_K: elements of K per split below which the partials cost more than the
-#   CTAs they add (predicted).
+#   CTAs they add (predicted);
+# - GEMV_M_MAJOR_A_ROW_COST: the transposed tensor-core loops' A is B^T, M-major where B's
+#   rows are contiguous (GemvConfig.trans_a), and read one 2-byte element at a time, eight
+#   loads per 16-byte vector of each row; those loads stretch the stream by 1 + rows x this:
+#   at 8 and 16 rows it ran 1.37 and 2.07 x as long as over the same products' K-major B^T
+#   (H200, NOTES v0.59). The CUDA-core loops and the few-row loops over an A passed as a.T
+#   were not measured so and keep their model.
 # The K split (gemv_splits) counts rounds: a grid past the CTAs the SMs hold at once
 # (gemv_resident_ctas: by registers, two per SM for the K-major CUDA-core loops of 1-4 rows)
 # runs its last CTAs as a round of their own, as long as the first: fewer splits ran 1.25 x
@@ -1000,6 +1007,7 @@ GEMV_LAUNCH_US = 2.0
 GEMV_SPLIT_US = 1.0
 GEMV_INFLIGHT_PER_SM = 48 * 1024
 GEMV_MIN_SPLIT_K = 256
+GEMV_M_MAJOR_A_ROW_COST = 1 / 16
 # Rows of C gemv is taken for without forcing: its kernel's design point (a row group of 16, the
 # mma's rows); more rows read B once per group of 16.
 GEMV_MAX_M = 16
@@ -1098,6 +1106,8 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     scale = dram_scale(device)
     rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS) * scale
     memory = bytes_ * stretch / (rate * 1e6) * (GEMV_IN_PLACE_SLOWDOWN if cfg.in_place else 1.0)
+    if cfg.trans_c and cfg.trans_a and cfg.mma:
+        memory *= 1 + GEMV_M_MAJOR_A_ROW_COST * cfg.max_rows
     compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
                / (_gemv_tflops(cfg) * 1e6))
     split = 0.0
@@ -1195,6 +1205,30 @@ def gemv_in_place_choice(problem: Problem, device: DeviceInfo, copied_bytes: int
     if rival is not None:
         rival = (rival[0] + copy_time, f"{rival[1]} on aligned copies (+{copy_time:.1f} us)")
     return _gemv_choice(problem, device, forced, rival, in_place=True)
+
+
+def _gemv_rival(problem: Problem, device: DeviceInfo, short: bool) -> tuple[float, str] | None:
+    """What unforced gemv is weighed against (_gemv_choice's rival): _tile_rival's estimate,
+    and where gemv would run transposed (few columns, A streamed) on its tensor-core loops
+    the tile kernels' own choice at its model's time where that is lower. Over 48 products of
+    8 and 16 columns (H200), gemv weighed against _tile_rival alone (mostly none) ran 0.77 x
+    the faster of gemv and the tiles; against this, 0.96 (NOTES v0.59). Fewer columns (the
+    CUDA-core loops) were not measured against the tiles and keep _tile_rival."""
+    rival = _tile_rival(problem, device)
+    if not (problem.m > GEMV_MAX_M and problem.n < problem.m and _gemv_row_step(problem.n)
+            in GEMV_MMA_ROWS):
+        return rival
+    tiles = _choose_one(problem, device, None, False, False, short, gemv=False)
+    us = estimate_us(tiles, problem, device)
+    if us is None or (rival is not None and rival[0] <= us):
+        return rival
+    return us, f"the tile kernels' ({label(tiles)})"
+
+
+def _gemv_row_step(rows: int) -> int:
+    """The rows gemv's loops compute for `rows` rows of its kernel's problem (the next step of
+    GEMV_MAX_ROWS; from GEMV_MMA_ROWS[0], the tensor-core loops')."""
+    return next((r for r in GEMV_MAX_ROWS if r >= rows), GEMV_MAX_ROWS[-1])
 
 
 def _single_row_tail(kp: Problem) -> bool:
@@ -1632,8 +1666,10 @@ def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,
 
 
 def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
-                epilogue: bool, epilogue_reads: bool, short: bool = True) -> Choice:
-    """choose, for the whole problem on one kernel; the 64-row tiles only where `short`."""
+                epilogue: bool, epilogue_reads: bool, short: bool = True,
+                gemv: bool = True) -> Choice:
+    """choose, for the whole problem on one kernel; the 64-row tiles only where `short`, gemv
+    only where `gemv`."""
     if schedule in DUAL_B_SCHEDULES:
         raise ValueError(f"schedule {schedule!r} computes hopmm.matmul_shared_a and "
                          f"hopmm.swiglu, not hopmm.matmul; force another schedule for matmul")
@@ -1642,11 +1678,11 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
             raise ValueError("gemv has no fused epilogue; force another schedule for calls "
                              "with bias= or activation=")
         return _gemv_choice(problem, device, forced=True)
-    if schedule is None and not epilogue and min(problem.m, problem.n) <= GEMV_MAX_M:
-        gemv = _gemv_choice(problem, device, forced=False,
-                            rival=_tile_rival(problem, device))
-        if gemv is not None:
-            return gemv
+    if schedule is None and not epilogue and gemv and min(problem.m, problem.n) <= GEMV_MAX_M:
+        gemv_choice = _gemv_choice(problem, device, forced=False,
+                                   rival=_gemv_rival(problem, device, short))
+        if gemv_choice is not None:
+            return gemv_choice
     if schedule == StreamKSchedule.name:
         forced_choice = _stream_k_choice(problem, device)
         if forced_choice is None:

@@ -250,7 +250,7 @@ def test_narrow_ctas_not_where_a_is_gathered(m, n, k):
     gathered element by element: there the narrow CTAs ran 0.84 x the wide ones (14 problems,
     NOTES v0.36), so the wide config keeps its split."""
     p = Problem(m, n, k, 1, "bfloat16", b_major="n")
-    c = heuristics.choose(p, H100_SXM)
+    c = heuristics.choose(p, H100_SXM, "gemv")
     assert c.schedule is GemvSchedule and c.config.trans_c and c.config.trans_a
     assert c.config.mma and c.config.narrow() is None
     assert c.config == GemvConfig.default("bfloat16", True, False, n, True)
@@ -383,3 +383,50 @@ def test_gemv_is_weighed_against_the_64_row_tiles(m, n, k, b_major, rival, inste
     assert c.schedule.name == "gemv"
     assert f"against {rival}" in c.reason
     assert heuristics.choose(p, H100_SXM, epilogue=True).schedule.name == instead
+
+
+H200_LIKE = replace(H100_SXM, dram_tbps=H100_SXM.dram_tbps * 1.44)
+
+
+@pytest.mark.parametrize("device", [H100_SXM, H200_LIKE], ids=["h100", "h200"])
+@pytest.mark.parametrize("m,n,k,b_major", [(9472, 16, 20544, "n"), (10878, 16, 23664, "k"),
+                                           (2304, 16, 8640, "n"), (7744, 8, 3072, "n")])
+def test_few_columns_on_tensor_cores_weighed_against_the_tiles(device, m, n, k, b_major):
+    """gemv's transposed tensor-core loops (8-16 columns) are weighed against the lower of
+    split_k_parallel's estimate and the tile kernels' own choice at its model's time (NOTES
+    v0.59): these products, where the tiles ran 1.0-2.2 x faster on an H200, take the tiles,
+    and gemv's model is above that rival."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
+    c = heuristics.choose(p, device)
+    assert c.schedule is not GemvSchedule
+    gemv = heuristics.choose(p, device, "gemv")
+    assert gemv.config.mma and gemv.config.trans_c
+    rival_us, what = heuristics._gemv_rival(p, device, True)
+    tiles_us = heuristics.estimate_us(c, p, device)
+    split_k = heuristics._tile_rival(p, device)
+    assert rival_us == pytest.approx(min(tiles_us, split_k[0] if split_k else tiles_us))
+    assert (heuristics.label(c) in what) == (rival_us == tiles_us)
+    assert heuristics.estimate_us(gemv, p, device) >= rival_us
+
+
+def test_few_columns_of_cuda_core_loops_keep_their_rival():
+    """Up to 4 columns (gemv's CUDA-core loops, not measured against the tiles) the rival stays
+    split_k_parallel's estimate, or none."""
+    p = Problem(8192, 4, 8192, 1, "bfloat16", b_major="n")
+    assert heuristics._gemv_rival(p, H100_SXM, True) == heuristics._tile_rival(p, H100_SXM)
+
+
+@pytest.mark.parametrize("rows", [8, 16])
+def test_m_major_a_stretches_the_transposed_stream(rows):
+    """The transposed tensor-core loops over an M-major B^T (B's rows contiguous) stream
+    1 + rows x GEMV_M_MAJOR_A_ROW_COST times as long as over a K-major one; the split's and
+    launch's terms are unchanged."""
+    k_major = Problem(9472, rows, 20544, 1, "bfloat16", b_major="k")
+    m_major = replace(k_major, b_major="n")
+    times = []
+    for p in (k_major, m_major):
+        cfg = heuristics.choose(p, H100_SXM, "gemv").config
+        assert cfg.mma and cfg.trans_c and cfg.trans_a == (p is m_major)
+        times.append(heuristics.gemv_estimate_us(p, cfg, 1, H100_SXM) - heuristics.GEMV_LAUNCH_US)
+    stretch = 1 + rows * heuristics.GEMV_M_MAJOR_A_ROW_COST
+    assert times[1] == pytest.approx(times[0] * stretch, rel=1e-3)

@@ -74,6 +74,15 @@ def test_decode_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
         sweep_shapes.draw_decode_shape(seed, 0, [])
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_columns_draws_are_the_decode_draws_transposed(seed):
+    decode = sweep_shapes.draw_decode_shapes(seed, 5, 40, DTYPES)
+    columns = sweep_shapes.draw_columns_shapes(seed, 5, 40, DTYPES)
+    assert [(c.index, c.m, c.n, c.k, c.dtype, c.rounded) for c in columns] == \
+        [(d.index, d.n, d.m, d.k, d.dtype, d.rounded) for d in decode]
+    assert all(1 <= c.n <= sweep_shapes.DECODE_DRAW_ROWS for c in columns)
+
+
 def test_the_generator_refuses_what_it_cannot_draw():
     with pytest.raises(ValueError, match="max_gflop"):
         draw_shape(1, 0, DTYPES, max_gflop=1.0)
