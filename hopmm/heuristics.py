@@ -987,12 +987,14 @@ def _plain_us(problem: Problem, device: DeviceInfo) -> float:
 #   CTAs give (its split counts were the best measured on three of four v0.18 shapes);
 # - GEMV_MIN_SPLIT_K: elements of K per split below which the partials cost more than the
 #   CTAs they add (predicted);
-# - GEMV_M_MAJOR_A_ROW_COST: the transposed tensor-core loops' A is B^T, M-major where B's
-#   rows are contiguous (GemvConfig.trans_a), and read one 2-byte element at a time, eight
-#   loads per 16-byte vector of each row; those loads stretch the stream by 1 + rows x this:
-#   at 8 and 16 rows it ran 1.37 and 2.07 x as long as over the same products' K-major B^T
-#   (H200, NOTES v0.59). The CUDA-core loops and the few-row loops over an A passed as a.T
-#   were not measured so and keep their model.
+# - GEMV_M_MAJOR_A_ROW_COST: the transposed loops' A is B^T, M-major where B's rows are
+#   contiguous (GemvConfig.trans_a), and read one 2-byte element at a time, eight loads per
+#   16-byte vector of each row; from 8 rows those loads stretch the stream by 1 + rows x this
+#   (_gathers_a): the tensor-core loops at 8 and 16 rows ran 1.37 and 2.07 x as long as over
+#   the same products' K-major B^T (H200, NOTES v0.59). The CUDA-core loops of 8 rows gather
+#   alike and take the same stretch, so that it does not move gemv between its two loops;
+#   fewer rows, rows read in place (their own slowdown, below) and the few-row loops over an
+#   A passed as a.T were not measured so and keep their model.
 # The K split (gemv_splits) counts rounds: a grid past the CTAs the SMs hold at once
 # (gemv_resident_ctas: by registers, two per SM for the K-major CUDA-core loops of 1-4 rows)
 # runs its last CTAs as a round of their own, as long as the first: fewer splits ran 1.25 x
@@ -1106,7 +1108,7 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     scale = dram_scale(device)
     rate = (GEMV_MMA_DRAM_TBPS["n" if cfg.trans_b else "k"] if cfg.mma else GEMV_DRAM_TBPS) * scale
     memory = bytes_ * stretch / (rate * 1e6) * (GEMV_IN_PLACE_SLOWDOWN if cfg.in_place else 1.0)
-    if cfg.trans_c and cfg.trans_a and cfg.mma:
+    if _gathers_a(cfg):
         memory *= 1 + GEMV_M_MAJOR_A_ROW_COST * cfg.max_rows
     compute = (2 * row_groups * cfg.max_rows * kp.n * kp.k * kp.batch
                / (_gemv_tflops(cfg) * 1e6))
@@ -1207,16 +1209,26 @@ def gemv_in_place_choice(problem: Problem, device: DeviceInfo, copied_bytes: int
     return _gemv_choice(problem, device, forced, rival, in_place=True)
 
 
+def _gathers_a(cfg: GemvConfig) -> bool:
+    """Whether gemv's loops at `cfg` gather their A element by element over 8 or more rows:
+    the transposed loops over B^T where B's rows are contiguous, from an aligned B."""
+    return (cfg.trans_c and cfg.trans_a and not cfg.in_place
+            and cfg.max_rows >= GEMV_MMA_ROWS[0])
+
+
 def _gemv_rival(problem: Problem, device: DeviceInfo, short: bool) -> tuple[float, str] | None:
     """What unforced gemv is weighed against (_gemv_choice's rival): _tile_rival's estimate,
-    and where gemv would run transposed (few columns, A streamed) on its tensor-core loops
-    the tile kernels' own choice at its model's time where that is lower. Over 48 products of
-    8 and 16 columns (H200), gemv weighed against _tile_rival alone (mostly none) ran 0.77 x
-    the faster of gemv and the tiles; against this, 0.96 (NOTES v0.59). Fewer columns (the
-    CUDA-core loops) were not measured against the tiles and keep _tile_rival."""
+    and where gemv would run transposed (few columns, A streamed) gathering its A from a
+    row-major B over 8-16 rows (_gathers_a), the tile kernels' own choice at its model's time
+    where that is lower. On 36 + 31 random products of 8 and 16 columns with a row-major B
+    (H200), that ran 1.35 x (A row-major) and 1.20 x (A transposed) the picks of
+    _tile_rival alone (mostly none: gemv), and 1.2-1.5 x on 66 such products whose B rows
+    are not 16-byte multiples; with B as `w.T` (no gather), where the tiles' model reads 1.1-1.6
+    x low on few columns, the tiles ran 0.92 x on 5-7 columns, and gemv keeps _tile_rival
+    (NOTES v0.59). Fewer rows (the CUDA-core loops) were not measured against the tiles."""
     rival = _tile_rival(problem, device)
-    if not (problem.m > GEMV_MAX_M and problem.n < problem.m and _gemv_row_step(problem.n)
-            in GEMV_MMA_ROWS):
+    if not (problem.m > GEMV_MAX_M and problem.n < problem.m and problem.trans_b
+            and _gemv_row_step(problem.n) in GEMV_MMA_ROWS):
         return rival
     tiles = _choose_one(problem, device, None, False, False, short, gemv=False)
     us = estimate_us(tiles, problem, device)

@@ -389,18 +389,17 @@ H200_LIKE = replace(H100_SXM, dram_tbps=H100_SXM.dram_tbps * 1.44)
 
 
 @pytest.mark.parametrize("device", [H100_SXM, H200_LIKE], ids=["h100", "h200"])
-@pytest.mark.parametrize("m,n,k,b_major", [(9472, 16, 20544, "n"), (10878, 16, 23664, "k"),
-                                           (2304, 16, 8640, "n"), (7744, 8, 3072, "n")])
-def test_few_columns_on_tensor_cores_weighed_against_the_tiles(device, m, n, k, b_major):
-    """gemv's transposed tensor-core loops (8-16 columns) are weighed against the lower of
-    split_k_parallel's estimate and the tile kernels' own choice at its model's time (NOTES
-    v0.59): these products, where the tiles ran 1.0-2.2 x faster on an H200, take the tiles,
-    and gemv's model is above that rival."""
-    p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
+@pytest.mark.parametrize("m,n,k", [(9472, 16, 20544), (2304, 16, 8640), (7744, 8, 3072)])
+def test_few_columns_gathering_a_are_weighed_against_the_tiles(device, m, n, k):
+    """Where gemv's transposed loops would gather their A (B^T of a row-major B, 8-16 columns)
+    they are weighed against the lower of split_k_parallel's estimate and the tile kernels' own
+    choice at its model's time (NOTES v0.59): these products, where the tiles ran 1.6-2.2 x
+    faster on an H200, take the tiles, and gemv's model is above that rival."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major="n")
     c = heuristics.choose(p, device)
     assert c.schedule is not GemvSchedule
     gemv = heuristics.choose(p, device, "gemv")
-    assert gemv.config.mma and gemv.config.trans_c
+    assert gemv.config.mma and gemv.config.trans_c and heuristics._gathers_a(gemv.config)
     rival_us, what = heuristics._gemv_rival(p, device, True)
     tiles_us = heuristics.estimate_us(c, p, device)
     split_k = heuristics._tile_rival(p, device)
@@ -409,24 +408,35 @@ def test_few_columns_on_tensor_cores_weighed_against_the_tiles(device, m, n, k, 
     assert heuristics.estimate_us(gemv, p, device) >= rival_us
 
 
-def test_few_columns_of_cuda_core_loops_keep_their_rival():
-    """Up to 4 columns (gemv's CUDA-core loops, not measured against the tiles) the rival stays
-    split_k_parallel's estimate, or none."""
-    p = Problem(8192, 4, 8192, 1, "bfloat16", b_major="n")
+@pytest.mark.parametrize("m,n,k,b_major", [(10878, 16, 23664, "k"), (8192, 4, 8192, "n"),
+                                           (64, 8192, 8192, "n")])
+def test_gemv_keeps_its_rival_where_it_gathers_nothing(m, n, k, b_major):
+    """A K-major B (B^T read by vectors), fewer than 8 columns (the CUDA-core loops, not
+    measured against the tiles) and few-row products keep split_k_parallel's estimate as
+    gemv's rival, or none; the first takes gemv."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
     assert heuristics._gemv_rival(p, H100_SXM, True) == heuristics._tile_rival(p, H100_SXM)
+    if b_major == "k":
+        assert heuristics.choose(p, H100_SXM).schedule is GemvSchedule
 
 
 @pytest.mark.parametrize("rows", [8, 16])
-def test_m_major_a_stretches_the_transposed_stream(rows):
-    """The transposed tensor-core loops over an M-major B^T (B's rows contiguous) stream
-    1 + rows x GEMV_M_MAJOR_A_ROW_COST times as long as over a K-major one; the split's and
-    launch's terms are unchanged."""
+@pytest.mark.parametrize("mma", [True, False])
+def test_a_gathered_stretches_the_transposed_stream(monkeypatch, rows, mma):
+    """The transposed loops over an M-major B^T (B's rows contiguous) stream 1 + rows x
+    GEMV_M_MAJOR_A_ROW_COST times as long as over a K-major one, tensor-core and CUDA-core
+    loops alike (so that the stretch does not move gemv between them; their FMA bound is
+    lifted here to compare the streams); rows read in place keep their own model."""
+    monkeypatch.setattr(heuristics, "GEMV_FMA_TFLOPS", 1e9)
     k_major = Problem(9472, rows, 20544, 1, "bfloat16", b_major="k")
     m_major = replace(k_major, b_major="n")
     times = []
     for p in (k_major, m_major):
-        cfg = heuristics.choose(p, H100_SXM, "gemv").config
-        assert cfg.mma and cfg.trans_c and cfg.trans_a == (p is m_major)
+        cfg = GemvConfig.default("bfloat16", p.trans_b, False, rows, True, mma)
+        assert cfg.trans_a == (p is m_major) and cfg.max_rows == rows
+        assert heuristics._gathers_a(cfg) == (p is m_major)
         times.append(heuristics.gemv_estimate_us(p, cfg, 1, H100_SXM) - heuristics.GEMV_LAUNCH_US)
     stretch = 1 + rows * heuristics.GEMV_M_MAJOR_A_ROW_COST
     assert times[1] == pytest.approx(times[0] * stretch, rel=1e-3)
+    in_place = GemvConfig.default("bfloat16", True, False, rows, True, mma, in_place=True)
+    assert not heuristics._gathers_a(in_place)
