@@ -1134,9 +1134,9 @@ def _unsplit_narrow(problem: Problem, cfg: GemvConfig,
 
 def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
                  rival: tuple[float, str] | None = None, in_place: bool = False) -> Choice | None:
-    """gemv where forced, or where its model beats `rival` (_tile_rival: the estimate of the
-    tile kernels' choice, and what it is; None: no rival estimate, gemv is taken within
-    GEMV_MAX_M rows). Problems of more than GEMV_MAX_M rows and fewer columns than rows run
+    """gemv where forced, or where its model beats `rival` (_gemv_rival or, read in place,
+    _tile_rival's: the estimate of the tile kernels' choice, and what it is; None: no rival
+    estimate, gemv is taken within GEMV_MAX_M rows). Problems of more than GEMV_MAX_M rows and fewer columns than rows run
     transposed (C^T = B^T A^T: A is streamed). `in_place`: the operands as they lie, rows at
     any element boundary (GemvConfig.in_place)."""
     trans_c = problem.m > GEMV_MAX_M and problem.n < problem.m
@@ -1222,10 +1222,11 @@ def _gemv_rival(problem: Problem, device: DeviceInfo, short: bool) -> tuple[floa
     row-major B over 8-16 rows (_gathers_a), the tile kernels' own choice at its model's time
     where that is lower. On 36 + 31 random products of 8 and 16 columns with a row-major B
     (H200), that ran 1.35 x (A row-major) and 1.20 x (A transposed) the picks of
-    _tile_rival alone (mostly none: gemv), and 1.2-1.5 x on 66 such products whose B rows
-    are not 16-byte multiples; with B as `w.T` (no gather), where the tiles' model reads 1.1-1.6
-    x low on few columns, the tiles ran 0.92 x on 5-7 columns, and gemv keeps _tile_rival
-    (NOTES v0.59). Fewer rows (the CUDA-core loops) were not measured against the tiles."""
+    _tile_rival alone (mostly none: gemv), and 1.38 x on 43 products of 5-15 columns whose B
+    rows are not 16-byte multiples; with B as `w.T` (no gather), where the tiles' model reads
+    1.1-1.6 x low on few columns, the tiles ran 0.92 x on 5-7 columns, and gemv keeps
+    _tile_rival (NOTES v0.59). Fewer rows (the CUDA-core loops) were not measured against the
+    tiles."""
     rival = _tile_rival(problem, device)
     if not (problem.m > GEMV_MAX_M and problem.n < problem.m and problem.trans_b
             and _gemv_row_step(problem.n) in GEMV_MMA_ROWS):

@@ -1171,7 +1171,7 @@ def test_simulated_few_columns_take_gemv_transposed(simulated_gpu, m, k, n, batc
                                                     a_transposed):
     """Problems of few columns and many rows: gemv on C^T = B^T A^T, streaming A (the
     heuristic's pick on its CUDA-core loops; its tensor-core loops, from 8 columns, forced:
-    the tile kernels' model wins there)."""
+    with a row-major B the tile kernels take those)."""
     if n >= GEMV_MMA_ROWS[0]:
         hopmm.use_schedule("gemv")
     a = rand((batch, k, m)).transpose(0, 2, 1) if a_transposed else rand((batch, m, k))

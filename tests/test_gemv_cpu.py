@@ -409,7 +409,7 @@ def test_few_columns_gathering_a_are_weighed_against_the_tiles(device, m, n, k):
 
 
 @pytest.mark.parametrize("m,n,k,b_major", [(10878, 16, 23664, "k"), (8192, 4, 8192, "n"),
-                                           (64, 8192, 8192, "n")])
+                                           (16, 8192, 8192, "n")])
 def test_gemv_keeps_its_rival_where_it_gathers_nothing(m, n, k, b_major):
     """A K-major B (B^T read by vectors), fewer than 8 columns (the CUDA-core loops, not
     measured against the tiles) and few-row products keep split_k_parallel's estimate as
