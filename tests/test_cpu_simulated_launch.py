@@ -1239,3 +1239,32 @@ def test_simulated_transposed_product(simulated_gpu, monkeypatch, case):
         expect(a, b, hopmm.matmul(a, b))
         assert "_ct_" in _kernel_name(SimulatedLaunch.last.function)
     assert SimulatedLaunch.copies == 0 and len(planned) == 1   # the repeat plans nothing
+
+
+def _bench_module(filename):
+    """A bench/ script as a module (bench/ is not a package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parent.parent / "bench" / filename
+    spec = importlib.util.spec_from_file_location(f"hopmm_{path.stem}_under_test", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_matmul_ab_plans_each_rule_afresh(simulated_gpu):
+    """bench/matmul_ab.py: the same call planned under the current constants and under
+    --old's remembers a recipe for each, each computing the product on new operands, its plan
+    line naming that rule's kernel; the constants are the current ones afterwards."""
+    matmul_ab = _bench_module("matmul_ab.py")
+    current = heuristics.GEMV_M_MAJOR_A_ROW_COST
+    sets = [(rand((2048, 2048)), rand((2048, 16))) for _ in range(2)]
+    new = matmul_ab.planned(sets, {})
+    old = matmul_ab.planned(sets, {"GEMV_M_MAJOR_A_ROW_COST": 0.0})
+    assert "schedule: persistent" in new[1] and "schedule: gemv" in old[1], (new[1], old[1])
+    for recipe, _ in (new, old):
+        for a, b in sets:
+            expect(a, b, recipe.run(a, b, None))
+    assert heuristics.GEMV_M_MAJOR_A_ROW_COST == current
+    assert "schedule: persistent" in matmul_ab.plan_line(*sets[0])
