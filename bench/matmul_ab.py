@@ -129,19 +129,24 @@ def main(argv=None) -> int:
                                           ("bfloat16", "float16")):
             if args.budget_s and time.time() - began > args.budget_s:
                 break
-            row = time_product((s.m, s.n, s.k), s.dtype, args.layout, patches)
-            if row is None:
+            try:
+                row = time_product((s.m, s.n, s.k), s.dtype, args.layout, patches)
+            except Exception as exc:   # reported in its row and left out of the summary
+                row = dict(shape=[s.m, s.n, s.k], dtype=pick_ab.DTYPE_ALIASES[s.dtype],
+                           ok=False, error=f"{type(exc).__name__}: {exc}")
+                rows.append(row)
+                print(f"{s.m}x{s.n}x{s.k} {row['dtype']}: not timed: {row['error']}",
+                      flush=True)
                 continue
-            rows.append(row)
-            t = row["tflops"]
-            print(f"{s.m}x{s.n}x{s.k} {row['dtype']}: new / old {t['new'] / t['old']:.3f}, "
-                  f"x cuBLAS {t['new'] / row['cublas_tflops']:.3f} (old "
-                  f"{t['old'] / row['cublas_tflops']:.3f}); {row['new']} (old {row['old']})"
-                  + ("" if row["ok"] else f"; FAILED the check {row['rel_err']}"), flush=True)
+            if row is not None:
+                rows.append(row)
+                print(pick_ab.row_line(row), flush=True)
     summary = pick_ab.summarize(rows)
     print(json.dumps(summary))
     if args.json:
-        Path(args.json).write_text(json.dumps(dict(rows=rows, summary=summary), indent=1))
+        Path(args.json).write_text(json.dumps(dict(old=args.old, seeds=seeds,
+                                                   layout=args.layout, draw=args.draw,
+                                                   rows=rows, summary=summary), indent=1))
     return 0 if all(r["ok"] for r in rows) else 1
 
 

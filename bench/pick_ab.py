@@ -151,6 +151,16 @@ def moved_shapes(seeds, patches: dict, device, layout_name: str = "NN",
     return moved
 
 
+def row_line(row: dict) -> str:
+    """A timed row in one line: new over old, each against the faster cuBLAS, the two picks,
+    and a failed check."""
+    tf = row["tflops"]
+    return (f"{'x'.join(map(str, row['shape']))} {row['dtype']}: new / old "
+            f"{tf['new'] / tf['old']:.3f}, x cuBLAS {tf['new'] / row['cublas_tflops']:.3f} "
+            f"(old {tf['old'] / row['cublas_tflops']:.3f}); {row['new']} (old {row['old']})"
+            + ("" if row["ok"] else f"; FAILED the check: {row['rel_err']}"))
+
+
 def summarize(rows: list[dict]) -> dict:
     """Geomean of new / old over the timed rows, and how many ran below BELOW x cuBLAS."""
     timed = [r for r in rows if r.get("ok")]
@@ -281,11 +291,7 @@ def main(argv=None) -> int:
                   f"{rows[-1]['error']}", flush=True)
             continue
         rows.append(row)
-        tf = row["tflops"]
-        print(f"{'x'.join(map(str, e['shape']))} {e['dtype']}: new / old "
-              f"{tf['new'] / tf['old']:.3f}, x cuBLAS {tf['new'] / row['cublas_tflops']:.3f} "
-              f"(old {tf['old'] / row['cublas_tflops']:.3f}); {e['new']} (old {e['old']})"
-              + ("" if row["ok"] else f"; FAILED the check: {row['rel_err']}"), flush=True)
+        print(row_line(row), flush=True)
     summary = summarize(rows)
     print(json.dumps(summary))
     if args.json:

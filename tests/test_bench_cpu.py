@@ -417,6 +417,16 @@ def test_pick_ab_patches_and_restores_the_heuristic():
     assert heuristics.choose(p, H100_SXM_CLUSTERS) == new
 
 
+def test_pick_ab_writes_a_timed_row_in_one_line():
+    row = dict(shape=[4096, 16, 8192], dtype="bf16", new="persistent 128x64 s8 g1",
+               old="gemv bf16_m16", tflops={"new": 60.0, "old": 30.0, "cupy": 50.0},
+               cublas_tflops=50.0, rel_err={"new": 1e-3, "old": 2e-3}, ok=True)
+    assert pick_ab.row_line(row) == ("4096x16x8192 bf16: new / old 2.000, x cuBLAS 1.200 (old "
+                                     "0.600); persistent 128x64 s8 g1 (old gemv bf16_m16)")
+    failed = pick_ab.row_line(dict(row, ok=False))
+    assert failed.endswith("FAILED the check: {'new': 0.001, 'old': 0.002}")
+
+
 def test_pick_ab_lists_the_shapes_a_change_moves():
     moved = pick_ab.moved_shapes([11, 13, 17], {"ONE_ROUND_SHORT_MAX_K_BLOCKS": 0},
                                  H100_SXM_CLUSTERS)
