@@ -1238,6 +1238,19 @@ def _gemv_rival(problem: Problem, device: DeviceInfo, short: bool) -> tuple[floa
     return us, f"the tile kernels' ({label(tiles)})"
 
 
+def _with_gemv_weighed(choice: Choice, problem: Problem, device: DeviceInfo,
+                       rival: tuple[float, str] | None) -> Choice:
+    """`choice` (the tile kernels', where unforced gemv declined a problem in its range), its
+    reason ending with gemv's model against `rival` where that rival is what declined it."""
+    if rival is None:
+        return choice
+    gemv_us = estimate_us(_gemv_choice(problem, device, forced=True), problem, device)
+    if gemv_us < rival[0]:   # declined by a rule of its own (e.g. GEMV_N_MAJOR_MAX_ROWS)
+        return choice
+    return replace(choice, reason=f"{choice.reason}; gemv {gemv_us:.1f} us by its model, "
+                                  f"against {rival[1]} {rival[0]:.1f}")
+
+
 def _gemv_row_step(rows: int) -> int:
     """The rows gemv's loops compute for `rows` rows of its kernel's problem (the next step of
     GEMV_MAX_ROWS; from GEMV_MMA_ROWS[0], the tensor-core loops')."""
@@ -1692,10 +1705,12 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
                              "with bias= or activation=")
         return _gemv_choice(problem, device, forced=True)
     if schedule is None and not epilogue and gemv and min(problem.m, problem.n) <= GEMV_MAX_M:
-        gemv_choice = _gemv_choice(problem, device, forced=False,
-                                   rival=_gemv_rival(problem, device, short))
+        rival = _gemv_rival(problem, device, short)
+        gemv_choice = _gemv_choice(problem, device, forced=False, rival=rival)
         if gemv_choice is not None:
             return gemv_choice
+        tiles = _choose_one(problem, device, None, False, epilogue_reads, short, gemv=False)
+        return _with_gemv_weighed(tiles, problem, device, rival)
     if schedule == StreamKSchedule.name:
         forced_choice = _stream_k_choice(problem, device)
         if forced_choice is None:

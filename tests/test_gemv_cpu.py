@@ -440,3 +440,27 @@ def test_a_gathered_stretches_the_transposed_stream(monkeypatch, rows, mma):
     assert times[1] == pytest.approx(times[0] * stretch, rel=1e-3)
     in_place = GemvConfig.default("bfloat16", True, False, rows, True, mma, in_place=True)
     assert not heuristics._gathers_a(in_place)
+
+
+@pytest.mark.parametrize("m,n,k,b_major,rival", [
+    (9472, 16, 20544, "n", "the tile kernels' (persistent 128x64"),
+    (4, 8192, 8192, "n", "split_k_parallel's")])
+def test_the_tiles_reason_names_gemv_where_its_model_lost(m, n, k, b_major, rival):
+    """Where unforced gemv was weighed and its model lost, the tile kernels' choice says so
+    (hopmm.explain's model terms): gemv's estimate against the rival's."""
+    p = Problem(m, n, k, 1, "bfloat16", b_major=b_major)
+    c = heuristics.choose(p, H200_LIKE)
+    assert c.schedule is not GemvSchedule
+    gemv_us = heuristics.estimate_us(heuristics.choose(p, H200_LIKE, "gemv"), p, H200_LIKE)
+    assert f"gemv {gemv_us:.1f} us by its model, against {rival}" in c.reason
+
+
+def test_the_reason_leaves_gemv_out_where_a_rule_not_its_model_declined_it():
+    """Two rows of an N-major B: gemv's loops are declined by GEMV_N_MAJOR_MAX_ROWS, not by its
+    model, which reads them ahead of the tiles there; the reason does not claim otherwise."""
+    p = Problem(2, 8192, 8192, 1, "bfloat16", b_major="n")
+    c = heuristics.choose(p, H100_SXM)
+    gemv_us = heuristics.estimate_us(heuristics.choose(p, H100_SXM, "gemv"), p, H100_SXM)
+    rival_us = heuristics._tile_rival(p, H100_SXM)[0]
+    assert c.schedule is not GemvSchedule and gemv_us < rival_us
+    assert "gemv " not in c.reason
