@@ -487,11 +487,9 @@ def _overlap(x, y) -> bool:
 def _grid(choice: heuristics.Choice, problem, dev: device_mod.DeviceInfo) -> tuple:
     """The grid of `choice`'s kernel on `problem` (the first launch of a long batch)."""
     sched = choice.schedule
-    # gemv's methods take the caller's problem, the tile schedules' the one the kernel computes
-    if not getattr(sched, "streaming", False):
-        problem = sched.kernel_problem(problem, choice.config)
-    return sched.grid(problem, choice.config, min(problem.batch, layout.MAX_GRID_Z),
-                      sched.resident_ctas(dev), choice.splits)
+    return sched.grid(sched.kernel_problem(problem, choice.config), choice.config,
+                      min(problem.batch, layout.MAX_GRID_Z), sched.resident_ctas(dev),
+                      choice.splits)
 
 
 def _tail_line(tail: heuristics.Tail, problem, dev: device_mod.DeviceInfo) -> str:

@@ -12,14 +12,13 @@ from .compile import compile_schedule
 from .device import H100_SXM, DeviceInfo
 from .problem import Problem
 from .layout import MAX_GRID_Z
-from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_MAX_ROWS,
-                        GEMV_MMA_ROWS, GEMV_VEC, MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES,
-                        SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig, GemvSchedule,
-                        KernelConfig, PersistentClusterOverlapSchedule,
-                        PersistentClusterQuadSchedule, PersistentClusterSchedule,
-                        PersistentOverlapSchedule, PersistentSchedule, SplitKClusterSchedule,
-                        SplitKParallelSchedule, SplitKSchedule, StreamKSchedule,
-                        transposed_problem)
+from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_MMA_ROWS, GEMV_VEC,
+                        MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
+                        TMA_BOX_ELEMS, WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
+                        PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
+                        PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
+                        SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule,
+                        StreamKSchedule, transposed_problem)
 
 # Every DRAM rate below (the *_DRAM_TBPS and COPY_TBPS) was measured on an H100 SXM, whose HBM3
 # peaks at REFERENCE_DRAM_TBPS; on another device it is scaled by that device's peak over this
@@ -1053,14 +1052,15 @@ def _gemv_splits_wanted(problem: Problem, cfg: GemvConfig, device: DeviceInfo) -
     the tiles alone do."""
     batch_count = min(problem.batch, MAX_GRID_Z)
     wanted = -(-_gemv_ctas_wanted(cfg, device) // _gemv_grid_ctas(problem, cfg))
-    top = min(GemvSchedule.max_splits(problem, cfg, batch_count),
+    top = min(GemvSchedule.max_splits(GemvSchedule.kernel_problem(problem, cfg), cfg,
+                                      batch_count),
               max(1, problem.k // GEMV_MIN_SPLIT_K))
     return max(1, min(wanted, top))
 
 
 def _gemv_grid_ctas(problem: Problem, cfg: GemvConfig) -> int:
     """CTAs of gemv's unsplit grid: its tiles of every batch slice the grid holds."""
-    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)   # of the kernel's problem
+    row_groups, col_blocks = GemvSchedule.tiles(GemvSchedule.kernel_problem(problem, cfg), cfg)
     return row_groups * col_blocks * min(problem.batch, MAX_GRID_Z)
 
 
@@ -1097,7 +1097,7 @@ def gemv_estimate_us(problem: Problem, cfg: GemvConfig, splits: int, device: Dev
     """The gemv model above, in microseconds (of the kernel's problem: with trans_c the
     transposed one)."""
     kp = GemvSchedule.kernel_problem(problem, cfg)
-    row_groups, _ = GemvSchedule.tiles(problem, cfg)
+    row_groups, _ = GemvSchedule.tiles(kp, cfg)
     b = kp.k * kp.n * ELEM_BYTES * row_groups
     ac = (kp.m * kp.k + kp.m * kp.n) * ELEM_BYTES
     bytes_ = (b + ac) * kp.batch
@@ -1136,10 +1136,10 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
                  rival: tuple[float, str] | None = None, in_place: bool = False) -> Choice | None:
     """gemv where forced, or where its model beats `rival` (_gemv_rival or, read in place,
     _tile_rival's: the estimate of the tile kernels' choice, and what it is; None: no rival
-    estimate, gemv is taken within GEMV_MAX_M rows). Problems of more than GEMV_MAX_M rows and fewer columns than rows run
-    transposed (C^T = B^T A^T: A is streamed). `in_place`: the operands as they lie, rows at
-    any element boundary (GemvConfig.in_place)."""
-    trans_c = problem.m > GEMV_MAX_M and problem.n < problem.m
+    estimate, gemv is taken within GEMV_MAX_M rows). Problems of few columns run transposed
+    (_gemv_transposes: C^T = B^T A^T, A is streamed). `in_place`: the operands as they lie,
+    rows at any element boundary (GemvConfig.in_place)."""
+    trans_c = _gemv_transposes(problem)
     if not forced and min(problem.m, problem.n) > GEMV_MAX_M:
         return None
     if trans_c and not forced and problem.n > GEMV_MAX_M:
@@ -1167,7 +1167,7 @@ def _gemv_choice(problem: Problem, device: DeviceInfo, forced: bool,
     estimate, _, cfg, splits, narrowed = min(options, key=lambda o: o[:2])
     if not forced and rival is not None and estimate >= rival[0]:
         return None
-    row_groups, col_blocks = GemvSchedule.tiles(problem, cfg)
+    row_groups, col_blocks = GemvSchedule.tiles(kp, cfg)
     streamed = "A streamed once as C^T = B^T A^T" if trans_c else "B streamed once"
     units = "tensor cores" if cfg.mma else "CUDA-core FMAs"
     loads = ("16-byte loads of rows read where they lie (two aligned vectors shifted into one)"
@@ -1209,6 +1209,12 @@ def gemv_in_place_choice(problem: Problem, device: DeviceInfo, copied_bytes: int
     return _gemv_choice(problem, device, forced, rival, in_place=True)
 
 
+def _gemv_transposes(problem: Problem) -> bool:
+    """Whether gemv runs `problem` transposed (C^T = B^T A^T, A streamed): more than
+    GEMV_MAX_M rows and fewer columns than rows."""
+    return problem.m > GEMV_MAX_M and problem.n < problem.m
+
+
 def _gathers_a(cfg: GemvConfig) -> bool:
     """Whether gemv's loops at `cfg` gather their A element by element over 8 or more rows:
     the transposed loops over B^T where B's rows are contiguous, from an aligned B."""
@@ -1216,7 +1222,8 @@ def _gathers_a(cfg: GemvConfig) -> bool:
             and cfg.max_rows >= GEMV_MMA_ROWS[0])
 
 
-def _gemv_rival(problem: Problem, device: DeviceInfo, short: bool) -> tuple[float, str] | None:
+def _gemv_rival(problem: Problem, device: DeviceInfo,
+                tiles: Choice) -> tuple[float, str] | None:
     """What unforced gemv is weighed against (_gemv_choice's rival): _tile_rival's estimate,
     and where gemv would run transposed (few columns, A streamed) gathering its A from a
     row-major B over 8-16 rows (_gathers_a), the tile kernels' own choice at its model's time
@@ -1226,12 +1233,13 @@ def _gemv_rival(problem: Problem, device: DeviceInfo, short: bool) -> tuple[floa
     rows are not 16-byte multiples; with B as `w.T` (no gather), where the tiles' model reads
     1.1-1.6 x low on few columns, the tiles ran 0.92 x on 5-7 columns, and gemv keeps
     _tile_rival (NOTES v0.59). Fewer rows (the CUDA-core loops) were not measured against the
-    tiles."""
+    tiles. `tiles`: the tile kernels' choice for `problem`."""
     rival = _tile_rival(problem, device)
-    if not (problem.m > GEMV_MAX_M and problem.n < problem.m and problem.trans_b
-            and _gemv_row_step(problem.n) in GEMV_MMA_ROWS):
+    if not _gemv_transposes(problem):
         return rival
-    tiles = _choose_one(problem, device, None, False, False, short, gemv=False)
+    kp = transposed_problem(problem)
+    if not _gathers_a(GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, True)):
+        return rival
     us = estimate_us(tiles, problem, device)
     if us is None or (rival is not None and rival[0] <= us):
         return rival
@@ -1249,12 +1257,6 @@ def _with_gemv_weighed(choice: Choice, problem: Problem, device: DeviceInfo,
         return choice
     return replace(choice, reason=f"{choice.reason}; gemv {gemv_us:.1f} us by its model, "
                                   f"against {rival[1]} {rival[0]:.1f}")
-
-
-def _gemv_row_step(rows: int) -> int:
-    """The rows gemv's loops compute for `rows` rows of its kernel's problem (the next step of
-    GEMV_MAX_ROWS; from GEMV_MMA_ROWS[0], the tensor-core loops')."""
-    return next((r for r in GEMV_MAX_ROWS if r >= rows), GEMV_MAX_ROWS[-1])
 
 
 def _single_row_tail(kp: Problem) -> bool:
@@ -1705,11 +1707,11 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
                              "with bias= or activation=")
         return _gemv_choice(problem, device, forced=True)
     if schedule is None and not epilogue and gemv and min(problem.m, problem.n) <= GEMV_MAX_M:
-        rival = _gemv_rival(problem, device, short)
+        tiles = _choose_one(problem, device, None, False, epilogue_reads, short, gemv=False)
+        rival = _gemv_rival(problem, device, tiles)
         gemv_choice = _gemv_choice(problem, device, forced=False, rival=rival)
         if gemv_choice is not None:
             return gemv_choice
-        tiles = _choose_one(problem, device, None, False, epilogue_reads, short, gemv=False)
         return _with_gemv_weighed(tiles, problem, device, rival)
     if schedule == StreamKSchedule.name:
         forced_choice = _stream_k_choice(problem, device)

@@ -364,10 +364,11 @@ def _gemv_ints(problem: Problem, a3, a_map: BatchMapping, b3, b_map: BatchMappin
     return ints
 
 
-def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
-                        b_map: BatchMapping, c3) -> list:
-    """build_launches for the gemv schedule: operands as prepare_operand made them (rows of
-    whole 16-byte vectors, aligned), C row-major."""
+def _gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,
+                   b_map: BatchMapping, c3, epilogue=None) -> list:
+    """build_launches for the gemv schedule, `problem` and the operands being the kernel's
+    (rows of whole 16-byte vectors, aligned; no epilogue), C row-major."""
+    assert epilogue is None, "gemv fuses no epilogue"
     import cupy
 
     from ._tensormap import KernelLaunch
@@ -375,19 +376,14 @@ def build_gemv_launches(choice: Choice, problem: Problem, a3, a_map: BatchMappin
     cfg, sched = choice.config, choice.schedule
     kernel, smem, device_id = _checked_kernel(sched, cfg, cupy.cuda.Device().id)
     programmatic = programmatic_launch()
-    # The operands as the kernel reads them: with trans_c, B^T and A^T (views, no copies).
-    kernel_problem = sched.kernel_problem(problem, cfg)
-    operands = (_transposed_operands(a3, a_map, b3, b_map) if cfg.trans_c
-                else (a3, a_map, b3, b_map))
     launches = []
     for z0, count in layout.batch_chunks(problem.batch):
         grid = sched.grid(problem, cfg, count, splits=choice.splits)
         inner = KernelLaunch(kernel.kernel.ptr, grid, sched.threads(cfg), smem, [],
-                             _gemv_ints(kernel_problem, *operands, c3, z0),
+                             _gemv_ints(problem, a3, a_map, b3, b_map, c3, z0),
                              pointers=GEMV_POINTERS, programmatic=programmatic)
-        gemv = GemvLaunch(inner, device_id,
-                          sched.scratch_bytes(problem, cfg, count, choice.splits))
-        launches.append(SwappedLaunch(gemv) if cfg.trans_c else gemv)
+        launches.append(GemvLaunch(inner, device_id,
+                                   sched.scratch_bytes(problem, cfg, count, choice.splits)))
     return launches
 
 
@@ -403,16 +399,15 @@ def build_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
     (its bias and c strides are part of what a repeat must match)."""
     if choice.tail is not None:
         return _wave_tail_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
-    if getattr(choice.schedule, "streaming", False):
-        return build_gemv_launches(choice, problem, a3, a_map, b3, b_map, c3)
-    if choice.config.trans_c:
-        # The kernel computes C^T = B^T A^T: its operands are views of B^T and A^T (no
-        # copies) and its boxes, staged transposed, are boxes of C itself.
-        kernel_problem = choice.schedule.kernel_problem(problem, choice.config)
-        return [SwappedLaunch(x) for x in _tile_launches(
-            choice, kernel_problem, *_transposed_operands(a3, a_map, b3, b_map), c3,
-            epilogue)]
-    return _tile_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
+    kernel_launches = (_gemv_launches if getattr(choice.schedule, "streaming", False)
+                       else _tile_launches)
+    if not choice.config.trans_c:
+        return kernel_launches(choice, problem, a3, a_map, b3, b_map, c3, epilogue)
+    # The kernel computes C^T = B^T A^T: its operands are views of B^T and A^T (no copies),
+    # and it stores C transposed.
+    kernel_problem = choice.schedule.kernel_problem(problem, choice.config)
+    return [SwappedLaunch(x) for x in kernel_launches(
+        choice, kernel_problem, *_transposed_operands(a3, a_map, b3, b_map), c3, epilogue)]
 
 
 def _tile_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3,

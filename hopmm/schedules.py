@@ -161,6 +161,12 @@ def transposed_problem(problem: Problem) -> Problem:
                    b_major="k" if problem.a_major == "k" else "n")
 
 
+def kernel_problem(problem: Problem, cfg) -> Problem:
+    """The problem a kernel at `cfg` (a KernelConfig or GemvConfig) computes: `problem`, or its
+    transpose where the config says trans_c. Every schedule's methods take that problem."""
+    return transposed_problem(problem) if cfg.trans_c else problem
+
+
 def is_phased(cfg: KernelConfig) -> bool:
     """Whether `cfg` reads an operand through phase maps."""
     return bool(cfg.a_pitch_mod8 or cfg.b_pitch_mod8)
@@ -396,11 +402,7 @@ class WarpSpecializedSchedule:
         """k-blocks of one output tile's main loop (all of K; split-K divides them)."""
         return -(-problem.k // cfg.block_k)
 
-    @staticmethod
-    def kernel_problem(problem: Problem, cfg: KernelConfig) -> Problem:
-        """The problem the kernel computes: `problem`, or its transpose with trans_c (every
-        other method here takes the kernel's problem)."""
-        return transposed_problem(problem) if cfg.trans_c else problem
+    kernel_problem = staticmethod(kernel_problem)
 
     @staticmethod
     def tiles(problem: Problem, cfg: KernelConfig) -> tuple[int, int]:
@@ -1303,19 +1305,13 @@ class GemvSchedule:
         return (f"{cfg.warps} warps of {cfg.cols} columns each, lanes along K-major B, "
                 f"{cfg.unroll} vectors per column in flight; shuffle reduction")
 
-    @staticmethod
-    def kernel_problem(problem: Problem, cfg: GemvConfig) -> Problem:
-        """The problem the kernel computes: `problem` itself, or with trans_c its transpose
-        C^T = B^T A^T (rows and columns swapped; the kernel's A is B^T, K-major where B is,
-        and its B is A^T, K-major where A is)."""
-        return transposed_problem(problem) if cfg.trans_c else problem
+    kernel_problem = staticmethod(kernel_problem)
 
     @classmethod
     def tiles(cls, problem: Problem, cfg: GemvConfig) -> tuple[int, int]:
-        """(row groups, column blocks) of one batch slice of the kernel's problem (every
-        method here takes the caller's problem)."""
-        kp = cls.kernel_problem(problem, cfg)
-        return -(-kp.m // cfg.max_rows), -(-kp.n // cfg.block_n)
+        """(row groups, column blocks) of one batch slice (every method here takes the problem
+        the kernel computes: with trans_c the transposed one, kernel_problem)."""
+        return -(-problem.m // cfg.max_rows), -(-problem.n // cfg.block_n)
 
     @classmethod
     def max_splits(cls, problem: Problem, cfg: GemvConfig, batch_count: int) -> int:

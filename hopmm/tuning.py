@@ -116,7 +116,8 @@ def _gemv_choice_from(entry: TunedEntry, problem: Problem, device: DeviceInfo) -
     if (entry.block_m, entry.block_n) != (cfg.max_rows, cfg.block_n):
         raise ValueError(f"gemv {entry.block_m!r}x{entry.block_n!r} is not this version's "
                          f"config for the problem ({cfg.max_rows}x{cfg.block_n})")
-    bound = GemvSchedule.max_splits(problem, cfg, min(problem.batch, MAX_GRID_Z))
+    bound = GemvSchedule.max_splits(GemvSchedule.kernel_problem(problem, cfg), cfg,
+                                    min(problem.batch, MAX_GRID_Z))
     if type(entry.splits) is not int or not 1 <= entry.splits <= bound:
         raise ValueError(f"splits {entry.splits!r} invalid for gemv here (1..{bound})")
     return Choice(GemvSchedule, cfg, f"autotuned {entry.when}: {entry.tflops} TFLOP/s "
@@ -130,7 +131,8 @@ def gemv_candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
     if min(problem.m, problem.n) > GEMV_MAX_M:
         return []
     base = heuristics.choose(problem, device, GemvSchedule.name)
-    bound = GemvSchedule.max_splits(problem, base.config, min(problem.batch, MAX_GRID_Z))
+    bound = GemvSchedule.max_splits(GemvSchedule.kernel_problem(problem, base.config),
+                                    base.config, min(problem.batch, MAX_GRID_Z))
     counts = {1} | {min(bound, max(1, round(base.splits * f))) for f in GEMV_SPLIT_FACTORS}
     return [Choice(GemvSchedule, base.config, "autotune candidate", 1, s) for s in sorted(counts)]
 
