@@ -30,8 +30,8 @@ import pick_ab  # noqa: E402
 ROUNDS = 4
 WARMUP_S = 0.1
 INPUT_SETS = 2
-# explain's lines that name what a call runs on.
-PLAN_LINES = ("path:", "schedule:", "kernel:")
+# explain's lines that name what a call runs on (the layout line names the copies it reads).
+PLAN_LINES = ("path:", "layout:", "schedule:", "kernel:")
 
 
 def plan_line(a, b) -> str:

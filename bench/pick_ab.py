@@ -9,7 +9,8 @@ each moved shape's new pick timed against its old one.
 
 Each seed draws 200 shapes: the sweep's (bench/sweep.py), or with `--draw decode` products of
 1-16 rows (sweep_shapes.draw_decode_shape), which the sweep's 2 GFLOP floor leaves out, or
-with `--draw columns` those of 1-16 columns (the decode draw with M and N swapped).
+with `--draw columns` those of 1-16 columns (the decode draw with M and N swapped), or with
+`--draw narrow` those of 8-64 columns in steps of 8, M and K 1024-32768.
 The change is written as the heuristics constants that undo it (`--old`, NAME=VALUE pairs
 split by ';', each VALUE a Python literal): the current code's pick is "new", the pick under
 those constants "old". `--list` prints the moved shapes only (no GPU: the choices of an H100
@@ -121,9 +122,10 @@ def layout_aligned(m: int, n: int, k: int, name: str) -> bool:
 
 
 # The shapes a seed draws: the sweep's (bench/sweep.py), decode products of 1-16 rows
-# (sweep_shapes.draw_decode_shape) or those of 1-16 columns (draw_columns_shapes), 200 of each.
+# (sweep_shapes.draw_decode_shape), those of 1-16 columns (draw_columns_shapes) or of 8-64
+# columns (draw_narrow_shapes), 200 of each.
 DRAWS = {"sweep": sweep_shapes.draw_shapes, "decode": sweep_shapes.draw_decode_shapes,
-         "columns": sweep_shapes.draw_columns_shapes}
+         "columns": sweep_shapes.draw_columns_shapes, "narrow": sweep_shapes.draw_narrow_shapes}
 SHAPES_PER_SEED = 200
 
 
@@ -248,7 +250,8 @@ def main(argv=None) -> int:
                    help="NN: row-major A and B; NT: B as w.T; TN: A as a.T")
     p.add_argument("--draw", choices=sorted(DRAWS), default="sweep",
                    help="sweep: the sweep's shapes; decode: 1-16 rows, N and K 1024-32768; "
-                        "columns: 1-16 columns, M and K 1024-32768")
+                        "columns: 1-16 columns, M and K 1024-32768; narrow: 8-64 columns "
+                        "in steps of 8, M and K 1024-32768")
     p.add_argument("--list", action="store_true", help="print the moved shapes only (no GPU)")
     p.add_argument("--dram-tbps", type=float, default=None,
                    help="with --list: the DRAM peak of the device the choices are made for")

@@ -173,3 +173,33 @@ def draw_columns_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape
     (a router's or a classifier's few outputs over many tokens), whose big operand is A."""
     return [Shape(s.index, s.n, s.m, s.k, s.dtype, s.rounded)
             for s in draw_decode_shapes(seed, start, count, dtypes)]
+
+
+# Narrow draws (draw_narrow_shape): tall products of a few dozen columns (a mixture of experts'
+# router, a low-rank adapter's down projection, a small head) whose 16-bit rows are whole
+# 16-byte chunks: N a multiple of NARROW_DRAW_COLUMN_STEP up to NARROW_DRAW_MAX_COLUMNS, M and K
+# log-uniform in [DECODE_DRAW_DIM_MIN, DIM_MAX], both rounded to multiples of ROUND_TO on even
+# indices.
+NARROW_DRAW_COLUMN_STEP = 8
+NARROW_DRAW_MAX_COLUMNS = 64
+
+
+def draw_narrow_shape(seed: int, index: int, dtypes) -> Shape:
+    """Narrow shape `index` of the draw `seed`, a function of (seed, index) alone like
+    draw_shape's."""
+    if not dtypes:
+        raise ValueError("dtypes must name at least one dtype")
+    rng = random.Random(f"hopmm-narrow/{seed}/{index}")
+    rounded = index % 2 == 0
+    steps = NARROW_DRAW_MAX_COLUMNS // NARROW_DRAW_COLUMN_STEP
+    n = rng.randint(1, steps) * NARROW_DRAW_COLUMN_STEP
+    lo, hi = math.log(DECODE_DRAW_DIM_MIN), math.log(DIM_MAX)
+    m, k = (round(math.exp(rng.uniform(lo, hi))) for _ in range(2))
+    if rounded:
+        m, k = _round_to(m), _round_to(k)
+    return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+
+
+def draw_narrow_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
+    """Narrow shapes start .. start + count - 1 of the draw `seed`."""
+    return [draw_narrow_shape(seed, i, dtypes) for i in _indices(start, count)]

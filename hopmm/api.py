@@ -404,6 +404,12 @@ def _kernel_call(a, b, shapes: layout.MatmulShapes, spec=None,
     reads = fused and (spec.bias or spec.c)
     tuned = None if forced else tuning.lookup(ops.problem, dev, epilogue=fused,
                                               epilogue_reads=reads)
+    # Untuned, a narrow product's B of rows shorter than a sector may be read from a line copy.
+    if not (forced or tuned or "b" in ops.copies or ops.b_pitch_mod8):
+        reason = heuristics.narrow_b_copy_reason(ops.problem, operands.b_line_pitch(ops), dev)
+        if reason:
+            ops = operands.with_line_copy(ops, reason)
+            tuned = tuning.lookup(ops.problem, dev, epilogue=fused, epilogue_reads=reads)
     choice = tuned or heuristics.choose(ops.problem, dev, forced, epilogue=fused,
                                         epilogue_reads=reads)
     if fused:
@@ -534,7 +540,8 @@ def explain(a, b, out=None, *, bias=None, activation=None, alpha=1.0, beta=0.0,
         c, prob = call.choice, call.problem
         grid = _grid(c, c.tail.problems(prob)[0] if c.tail else prob, dev)
         lines += [f"layout: {prob.layout} (A {prob.a_major}-major, B {prob.b_major}-major)"
-                  + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else ""),
+                  + (f"; aligned copies of {', '.join(call.copies)}" if call.copies else "")
+                  + (f" ({call.b_copy_reason})" if call.b_copy_reason else ""),
                   f"output: {STORE_NOTES[store]}",
                   f"schedule: {c.schedule.name}",
                   f"consumers: {c.schedule.consumer_roles(c.config)}",

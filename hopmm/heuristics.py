@@ -10,7 +10,7 @@ from dataclasses import dataclass, replace
 from . import occupancy
 from .compile import compile_schedule
 from .device import H100_SXM, DeviceInfo
-from .problem import Problem
+from .problem import LINE_BYTES, Problem
 from .layout import MAX_GRID_Z
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_MMA_ROWS, GEMV_VEC,
                         MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
@@ -868,6 +868,43 @@ def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
         return None
     return (f"{copies}, then the product (~{COPY_PATH_BIAS * product_us:.1f} us): more than "
             f"cuBLAS's ~{theirs:.1f} us reading such rows in place ({align}-byte rows)")
+
+
+# A narrow product's N-major B whose rows TMA reads in place but which are shorter than a
+# 32-byte sector (16 bytes: 8 columns of 16 bits): every CTA of the narrow tile reads the same
+# few lines of B's k-block at about the same time, eight rows to a line, each its own request.
+# Read from a copy whose rows are whole lines, such products ran 1.07 x faster through
+# hopmm.matmul, copy included (geomean of 27 on the narrow tile, unsplit and split: 0.95-1.16,
+# 24 faster). Rows of 48-112 bytes saved a median 8 % in the kernel alone over short loops
+# (NARROW_B_ROW_COST), but not the copy's cost (0.89-1.04 x through hopmm.matmul); rows of whole
+# sectors (32, 64, 96 bytes) saved 0-4 % (bench/NOTES.md v0.60). B is read from such a copy where
+# NARROW_B_ROW_COST of the product's estimate exceeds the copy's cost: a launch (MIN_CALL_US)
+# and B's bytes moved (copy_us).
+SECTOR_BYTES = 32
+NARROW_B_ROW_COST = 0.08
+
+
+def narrow_b_copy_reason(problem: Problem, b_pitch_bytes: int,
+                         device: DeviceInfo) -> str | None:
+    """Why a call whose N-major B (read in place, rows `b_pitch_bytes` apart) is read from a
+    copy of whole-line rows instead (the rule above), or None."""
+    p = problem
+    if not (p.trans_b and _narrow(p) and b_pitch_bytes < SECTOR_BYTES):
+        return None
+    aligned = replace(p, b_pitch_aligned=True)
+    choice = choose(aligned, device)
+    if (choice.schedule is GemvSchedule or choice.config.block_n != NARROW_BLOCK_N
+            or choice.config.trans_c):   # measured on the narrow tile of the product only
+        return None
+    product_us = _choice_us(choice, aligned, device)
+    b_bytes = p.k * p.n * p.batch * ELEM_BYTES
+    cost_us = MIN_CALL_US + copy_us(b_bytes, device)
+    if product_us is None or NARROW_B_ROW_COST * product_us <= cost_us:
+        return None
+    return (f"B's rows of {b_pitch_bytes} bytes are shorter than a {SECTOR_BYTES}-byte "
+            f"sector, which the narrow tile's CTAs all read at once: read from a copy of whole "
+            f"{LINE_BYTES}-byte lines ({cost_us:.1f} us) to save ~{NARROW_B_ROW_COST:.0%} of "
+            f"the product's ~{product_us:.1f} us")
 
 
 # The one-kernel shared-A products (schedules.DUAL_B_SCHEDULES) against the composed path

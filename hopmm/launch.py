@@ -169,11 +169,17 @@ def prepare_operand(x3):
     batch_ok = nb == 1 or (sb > 0 and sb % layout.TMA_ALIGN == 0)
     if major is not None and batch_ok:
         return x3, major
-    # Rows of whole cache lines: a TMA box row then never spans two (heuristics.UNALIGNED_B_*).
+    return line_copy(x3), "cols"
+
+
+def line_copy(x3):
+    """A row-major copy of a (batch, rows, cols) operand whose rows are whole cache lines: a
+    TMA box row then never spans two (heuristics.UNALIGNED_B_*, NARROW_B_ROW_COST)."""
+    nb, rows, cols = x3.shape
     pitch = layout.padded(cols, x3.itemsize, LINE_BYTES)
     buf = padded_empty(nb, rows, cols, pitch, x3.dtype)
     copy_rows(buf, x3)
-    return buf, "cols"
+    return buf
 
 
 def _stride(stride: int, extent: int, fallback: int) -> int:

@@ -25,6 +25,8 @@ class KernelOperands:
     # row pitch mod PHASES elements; 0 where it is read through one map (or from a copy).
     a_pitch_mod8: int = 0
     b_pitch_mod8: int = 0
+    # Why B, which TMA could read in place, is read from a copy (with_line_copy); "" if not.
+    b_copy_reason: str = ""
 
 
 def as_matrix_stack(x, is_vector: bool, vector_axis: int):
@@ -85,6 +87,19 @@ def with_copied(ops: KernelOperands, phased: str) -> KernelOperands:
     pitches = {f"{name}_pitch_mod8": 0 for name in copied}
     return replace(ops, **fresh, **pitches,
                    copies=copied + [n for n in ops.copies if n not in copied])
+
+
+def b_line_pitch(ops: KernelOperands) -> int:
+    """Bytes between B's consecutive contiguous lines as the kernel reads it."""
+    return ops.b3.strides[1] if ops.problem.trans_b else ops.b3.strides[2]
+
+
+def with_line_copy(ops: KernelOperands, reason: str) -> KernelOperands:
+    """`ops` with B, which TMA reads in place, read from a copy whose rows are whole cache lines
+    instead (heuristics.narrow_b_copy_reason gives `reason`)."""
+    return replace(ops, b3=launch.line_copy(ops.views["b"]),
+                   problem=replace(ops.problem, b_pitch_aligned=True),
+                   copies=ops.copies + ["b"], b_copy_reason=reason)
 
 
 def view_pitch_mod8(x, is_vector: bool, axis: int, batch_shape: tuple) -> int:

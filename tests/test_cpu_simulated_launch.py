@@ -727,6 +727,25 @@ def test_repeat_calls_with_copies_read_the_new_operands(simulated_gpu, monkeypat
     assert (SimulatedLaunch.copies > 0) == kernel_copies
 
 
+@pytest.mark.parametrize("m, n, k, copied", [
+    (16256, 8, 9408, True),     # 16-byte rows: shorter than a sector, a product long enough
+    (16256, 16, 9408, False),   # 32-byte rows: whole sectors
+    (3000, 8, 3000, False),     # too short a product for the copy's launch
+])
+def test_narrow_b_rows_shorter_than_a_sector_read_from_a_line_copy(simulated_gpu, m, n, k, copied):
+    """A narrow product's row-major B whose rows are shorter than a 32-byte sector is read from a
+    copy of whole 128-byte lines where NARROW_B_ROW_COST of the product's estimate exceeds the
+    copy's cost (heuristics.narrow_b_copy_reason), which explain gives; the first call and its
+    repeats compute the product on new operands either way."""
+    for _ in range(2):
+        a, b = rand((m, k)), rand((k, n))
+        expect(a, b, hopmm.matmul(a, b))
+    text = hopmm.explain(a, b)
+    assert ("aligned copies of b" in text and "shorter than a 32-byte sector" in text) == copied, text
+    assert "schedule: gemv" not in text, text
+    assert (SimulatedLaunch.copies > 0) == copied
+
+
 @pytest.mark.parametrize("dtype", [BF16, np.float16])
 def test_routed_16_bit_repeats_call_gemm_ex_directly(simulated_gpu, monkeypatch, dtype):
     """A routed call of two C-contiguous 16-bit matrices repeats as cuBLAS's gemmEx itself

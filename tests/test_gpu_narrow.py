@@ -2,8 +2,9 @@
 and of up to 256 where the wave model takes it, through hopmm.matmul, unsplit and split along
 K: against an fp32 cupy.matmul into NaN-poisoned outputs with a spare row after them, every
 layout, K not a multiple of 64 or below one k-block, columns that are not 16-byte aligned
-(the row store), batches, fused epilogues, forced split-K schedules, bitwise repeats and new
-operands through the remembered launches. Skips without a Hopper GPU."""
+(the row store), B's rows of 16 bytes read from a copy of whole lines, batches, fused
+epilogues, forced split-K schedules, bitwise repeats and new operands through the remembered
+launches. Skips without a Hopper GPU."""
 import pytest
 
 from conftest import requires_hopper
@@ -73,3 +74,34 @@ def test_narrow_batches():
         a1, _ = operands(1500, 40, k, "float16", batch=(3,))
         b1 = b[0]
         check_close(hopmm.matmul(a1, b1), reference(a1, b1), "float16")
+
+
+# B's rows shorter than a sector read from a line copy (heuristics.narrow_b_copy_reason), on
+# every device's DRAM: 8 columns past a wave, over a long K (split on faster DRAM), and between.
+LINE_COPY_CASES = [(23851, 8, 9216), (5378, 8, 30744), (16256, 8, 9408)]
+LINE_COPY_NOTES = (f"tiles of {NARROW}", "aligned copies of b (", "shorter than a 32-byte sector")
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("m,n,k", LINE_COPY_CASES)
+def test_narrow_b_rows_read_from_a_line_copy(m, n, k, dtype):
+    check_call(m, n, k, dtype, False, False, *LINE_COPY_NOTES)
+
+
+@pytest.mark.parametrize("m,n,k", LINE_COPY_CASES)
+def test_narrow_b_line_copy_fused(m, n, k):
+    text = check_fused_into_c(*operands(m, n, k, "bfloat16"), "columns")
+    assert all(note in text for note in LINE_COPY_NOTES), text
+    assert "fused into the kernel" in text, text
+
+
+def test_narrow_b_line_copy_batched():
+    """Four matrices of 4,096 x 8,192 times one B of 8 columns broadcast over them, and a
+    batch of four Bs."""
+    import hopmm
+
+    a, b = operands(4096, 8, 8192, "bfloat16", batch=(4,))
+    for bb in (b[0], b):
+        text = hopmm.explain(a, bb)
+        assert all(note in text for note in LINE_COPY_NOTES), text
+        check_close(hopmm.matmul(a, bb), reference(a, bb), "bfloat16")

@@ -1020,3 +1020,36 @@ def test_level_split_counts_take_the_most():
     estimates = heuristics._split_estimates(c.schedule, p, c.config, H100_CLUSTERS, False)
     level = [s for s, t in estimates.items() if t == min(estimates.values())]
     assert len(level) > 1 and c.splits == max(level)
+
+
+def _narrow_b_copy(m, n, k, pitch=None, b_major="n", device=H100_SXM):
+    problem = Problem(m, n, k, 1, "bfloat16", "k", b_major, b_pitch_aligned=False)
+    return heuristics.narrow_b_copy_reason(problem, 2 * n if pitch is None else pitch, device)
+
+
+def test_narrow_b_copy_only_for_rows_shorter_than_a_sector():
+    """heuristics.narrow_b_copy_reason: an N-major B of a narrow product whose rows are shorter
+    than a 32-byte sector, read by the narrow tile, over a product whose estimate times
+    NARROW_B_ROW_COST exceeds the copy's launch and bytes."""
+    reason = _narrow_b_copy(16256, 8, 9408)
+    assert reason and "16 bytes" in reason and "32-byte sector" in reason
+    assert _narrow_b_copy(16256, 16, 9408) is None          # 32-byte rows: whole sectors
+    assert _narrow_b_copy(16256, 24, 9408) is None          # 48 bytes: the copy did not pay
+    assert _narrow_b_copy(16256, 8, 9408, pitch=64) is None   # a view of wider rows
+    assert _narrow_b_copy(16256, 8, 9408, b_major="k") is None   # B as w.T: K-major
+    assert _narrow_b_copy(3000, 8, 3000) is None            # the launch would eat the gain
+    # The copy pays from where the estimate's NARROW_B_ROW_COST passes its cost.
+    problem = Problem(16256, 8, 9408, 1, "bfloat16", "k", "n", b_pitch_aligned=True)
+    estimate = heuristics._choice_us(heuristics.choose(problem, H100_SXM), problem, H100_SXM)
+    cost = heuristics.MIN_CALL_US + heuristics.copy_us(9408 * 8 * 2, H100_SXM)
+    assert heuristics.NARROW_B_ROW_COST * estimate > cost
+
+
+def test_narrow_b_copy_only_on_the_narrow_tile(monkeypatch):
+    """A narrow product on another tile (split_k_parallel's 64 x 128 over few rows) reads B
+    where it lies however much the copy would save: it was measured on the narrow tile only."""
+    monkeypatch.setattr(heuristics, "NARROW_B_ROW_COST", 1.0)
+    assert _narrow_b_copy(16256, 8, 9408)
+    problem = Problem(64, 8, 32768, 1, "bfloat16", "k", "n", b_pitch_aligned=True)
+    assert heuristics.choose(problem, H100_SXM).config.block_n != heuristics.NARROW_BLOCK_N
+    assert _narrow_b_copy(64, 8, 32768) is None

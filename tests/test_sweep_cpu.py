@@ -83,6 +83,26 @@ def test_columns_draws_are_the_decode_draws_transposed(seed):
     assert all(1 <= c.n <= sweep_shapes.DECODE_DRAW_ROWS for c in columns)
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_narrow_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
+    shapes = sweep_shapes.draw_narrow_shapes(seed, 0, len(INDICES), DTYPES)
+    assert sweep_shapes.draw_narrow_shapes(seed, 30, 10, DTYPES) == shapes[30:40]
+    step, widest = sweep_shapes.NARROW_DRAW_COLUMN_STEP, sweep_shapes.NARROW_DRAW_MAX_COLUMNS
+    for s in shapes:
+        assert s.n % step == 0 and step <= s.n <= widest, s
+        assert all(sweep_shapes.DECODE_DRAW_DIM_MIN <= x <= sweep_shapes.DIM_MAX
+                   for x in (s.m, s.k)), s
+        assert s.rounded == (s.index % 2 == 0) and s.dtype == DTYPES[(s.index // 2) % 2]
+        if s.rounded:
+            assert s.m % 64 == 0 and s.k % 64 == 0, s
+    assert {s.n for s in shapes} == set(range(step, widest + 1, step))   # every width drawn
+    assert [s.label for s in shapes] != [s.label for s in
+                                         sweep_shapes.draw_narrow_shapes(seed + 1, 0,
+                                                                         len(INDICES), DTYPES)]
+    with pytest.raises(ValueError, match="dtype"):
+        sweep_shapes.draw_narrow_shape(seed, 0, [])
+
+
 def test_the_generator_refuses_what_it_cannot_draw():
     with pytest.raises(ValueError, match="max_gflop"):
         draw_shape(1, 0, DTYPES, max_gflop=1.0)
