@@ -156,11 +156,16 @@ def draw_decode_shape(seed: int, index: int, dtypes) -> Shape:
     rng = random.Random(f"hopmm-decode/{seed}/{index}")
     rounded = index % 2 == 0
     m = round(math.exp(rng.uniform(0.0, math.log(DECODE_DRAW_ROWS))))
-    lo, hi = math.log(DECODE_DRAW_DIM_MIN), math.log(DIM_MAX)
-    n, k = (round(math.exp(rng.uniform(lo, hi))) for _ in range(2))
-    if rounded:
-        n, k = _round_to(n), _round_to(k)
+    n, k = _two_long_sides(rng, rounded)
     return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+
+
+def _two_long_sides(rng: random.Random, rounded: bool) -> tuple[int, int]:
+    """Two extents log-uniform in [DECODE_DRAW_DIM_MIN, DIM_MAX], rounded to ROUND_TO if
+    `rounded`: the long sides of the decode and narrow draws."""
+    lo, hi = math.log(DECODE_DRAW_DIM_MIN), math.log(DIM_MAX)
+    x, y = (round(math.exp(rng.uniform(lo, hi))) for _ in range(2))
+    return (_round_to(x), _round_to(y)) if rounded else (x, y)
 
 
 def draw_decode_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
@@ -193,10 +198,7 @@ def draw_narrow_shape(seed: int, index: int, dtypes) -> Shape:
     rounded = index % 2 == 0
     steps = NARROW_DRAW_MAX_COLUMNS // NARROW_DRAW_COLUMN_STEP
     n = rng.randint(1, steps) * NARROW_DRAW_COLUMN_STEP
-    lo, hi = math.log(DECODE_DRAW_DIM_MIN), math.log(DIM_MAX)
-    m, k = (round(math.exp(rng.uniform(lo, hi))) for _ in range(2))
-    if rounded:
-        m, k = _round_to(m), _round_to(k)
+    m, k = _two_long_sides(rng, rounded)
     return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
 
 
