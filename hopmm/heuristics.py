@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from . import occupancy
@@ -1260,7 +1261,7 @@ def _gathers_a(cfg: GemvConfig) -> bool:
 
 
 def _gemv_rival(problem: Problem, device: DeviceInfo,
-                tiles: Choice) -> tuple[float, str] | None:
+                tiles: Callable[[], Choice]) -> tuple[float, str] | None:
     """What unforced gemv is weighed against (_gemv_choice's rival): _tile_rival's estimate,
     and where gemv would run transposed (few columns, A streamed) gathering its A from a
     row-major B over 8-16 rows (_gathers_a), the tile kernels' own choice at its model's time
@@ -1270,17 +1271,17 @@ def _gemv_rival(problem: Problem, device: DeviceInfo,
     rows are not 16-byte multiples; with B as `w.T` (no gather), where the tiles' model reads
     1.1-1.6 x low on few columns, the tiles ran 0.92 x on 5-7 columns, and gemv keeps
     _tile_rival (NOTES v0.59). Fewer rows (the CUDA-core loops) were not measured against the
-    tiles. `tiles`: the tile kernels' choice for `problem`."""
+    tiles. `tiles`: returns the tile kernels' choice for `problem`."""
     rival = _tile_rival(problem, device)
     if not _gemv_transposes(problem):
         return rival
     kp = transposed_problem(problem)
     if not _gathers_a(GemvConfig.default(kp.dtype, kp.trans_a, kp.trans_b, kp.m, True)):
         return rival
-    us = estimate_us(tiles, problem, device)
+    us = estimate_us(tiles(), problem, device)
     if us is None or (rival is not None and rival[0] <= us):
         return rival
-    return us, f"the tile kernels' ({label(tiles)})"
+    return us, f"the tile kernels' ({label(tiles())})"
 
 
 def _with_gemv_weighed(choice: Choice, problem: Problem, device: DeviceInfo,
@@ -1744,12 +1745,14 @@ def _choose_one(problem: Problem, device: DeviceInfo, schedule: str | None,
                              "with bias= or activation=")
         return _gemv_choice(problem, device, forced=True)
     if schedule is None and not epilogue and gemv and min(problem.m, problem.n) <= GEMV_MAX_M:
-        tiles = _choose_one(problem, device, None, False, epilogue_reads, short, gemv=False)
+        # The tile kernels' choice, worked out where gemv's rival or its refusal needs it.
+        tiles = functools.cache(lambda: _choose_one(problem, device, None, False,
+                                                    epilogue_reads, short, gemv=False))
         rival = _gemv_rival(problem, device, tiles)
         gemv_choice = _gemv_choice(problem, device, forced=False, rival=rival)
         if gemv_choice is not None:
             return gemv_choice
-        return _with_gemv_weighed(tiles, problem, device, rival)
+        return _with_gemv_weighed(tiles(), problem, device, rival)
     if schedule == StreamKSchedule.name:
         forced_choice = _stream_k_choice(problem, device)
         if forced_choice is None:
