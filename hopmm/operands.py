@@ -67,12 +67,11 @@ def kernel_operands(a, b, shapes: layout.MatmulShapes, phased: bool = False) -> 
     b_pitch = pitch_mod8(b_view) if phased else 0
     a3, a_axis = (a_view, "cols") if a_pitch else launch.prepare_operand(a_view)
     b3, b_axis = (b_view, "cols") if b_pitch else launch.prepare_operand(b_view)
-    # B's lines run along its contiguous axis; its pitch is the stride of the other one. A
-    # phased B is described as its aligned copy (whole cache lines a row) would be: the
+    # A phased B is described as its aligned copy (whole cache lines a row) would be: the
     # choice is made for the product on that copy, then kept or given the phase maps.
-    b_line_pitch = b3.strides[1] if b_axis == "cols" else b3.strides[2]
     ops = _operands(a, b, shapes, a3, a_map, a_axis, b3, b_map, b_axis,
-                    bool(b_pitch) or b_line_pitch % LINE_BYTES == 0, {"a": a_view, "b": b_view})
+                    bool(b_pitch) or line_pitch(b3, b_axis) % LINE_BYTES == 0,
+                    {"a": a_view, "b": b_view})
     ops.a_pitch_mod8, ops.b_pitch_mod8 = a_pitch, b_pitch
     return ops
 
@@ -89,9 +88,15 @@ def with_copied(ops: KernelOperands, phased: str) -> KernelOperands:
                    copies=copied + [n for n in ops.copies if n not in copied])
 
 
+def line_pitch(x3, axis: str) -> int:
+    """Bytes between the consecutive lines of a (batch, rows, cols) operand whose contiguous
+    axis is `axis` ("cols" or "rows"): the stride of the other axis."""
+    return x3.strides[1] if axis == "cols" else x3.strides[2]
+
+
 def b_line_pitch(ops: KernelOperands) -> int:
-    """Bytes between B's consecutive contiguous lines as the kernel reads it."""
-    return ops.b3.strides[1] if ops.problem.trans_b else ops.b3.strides[2]
+    """line_pitch of B as the kernel reads it (N-major B: its rows run along "cols")."""
+    return line_pitch(ops.b3, "cols" if ops.problem.trans_b else "rows")
 
 
 def with_line_copy(ops: KernelOperands, reason: str) -> KernelOperands:
