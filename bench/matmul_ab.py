@@ -27,8 +27,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import pick_ab  # noqa: E402
 
-ROUNDS = 4
-WARMUP_S = 0.1
+WARMUP_S = 0.1   # pick_ab's rounds and the rest of its timing (timed_beside_cublas)
 INPUT_SETS = 2
 # explain's lines that name what a call runs on (the layout line names the copies it reads).
 PLAN_LINES = ("path:", "layout:", "schedule:", "kernel:")
@@ -73,8 +72,6 @@ def time_product(shape, dtype: str, layout_name: str, patches: dict) -> dict | N
     """One drawn product under both rules: None where both run it alike, else its timings."""
     import cupy
 
-    from hopmm.timing import interleaved_medians
-
     m, n, k = shape
     a_axis, b_axis = pick_ab.LAYOUTS[layout_name]
     sets = [(pick_ab._operand(cupy, m, k, a_axis, dtype),
@@ -91,23 +88,10 @@ def time_product(shape, dtype: str, layout_name: str, patches: dict) -> dict | N
         errors[name] = float(cupy.linalg.norm(got - ref) / cupy.linalg.norm(ref))
         contestants[name] = lambda i, r=recipe: r.run(*sets[i], None)
     del ref
-    contestants["cupy"] = lambda i: cupy.matmul(*sets[i])
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None:
-        tsets = [(torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in sets]
-        contestants["torch"] = lambda i: torch.matmul(*tsets[i])
-    seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
-                                  WARMUP_S)
-    flop = 2 * m * n * k
-    tflops = {name: flop / s / 1e12 for name, s in seconds.items()}
-    cublas = max(v for name, v in tflops.items() if name in ("cupy", "torch"))
-    ok = all(e < pick_ab.MAX_REL_ERR for e in errors.values())   # NaN fails too
     return dict(shape=[m, n, k], dtype=pick_ab.DTYPE_ALIASES[dtype], layout=layout_name,
-                new=plans["new"][1], old=plans["old"][1], tflops=tflops, cublas_tflops=cublas,
-                rel_err=errors, ok=ok)
+                new=plans["new"][1], old=plans["old"][1],
+                **pick_ab.timed_beside_cublas(contestants, sets, 2 * m * n * k, errors,
+                                              warmup_s=WARMUP_S))
 
 
 def main(argv=None) -> int:

@@ -190,7 +190,6 @@ def time_shape(entry: dict, patches: dict, device, layout_name: str = "NN") -> d
     import cupy
 
     from hopmm import launch
-    from hopmm.timing import interleaved_medians
 
     m, n, k = entry["shape"]
     dtype = CUPY_DTYPE_NAMES[entry["dtype"]]
@@ -223,22 +222,34 @@ def time_shape(entry: dict, patches: dict, device, layout_name: str = "NN") -> d
                         if not bool(cupy.isnan(got).any()) else float("nan"))
         contestants[name] = run
     del ref
-    contestants["cupy"] = lambda i: cupy.matmul(*sets[i], out=c)
+    return dict(entry, **timed_beside_cublas(contestants, sets, 2 * m * n * k, errors, out=c))
+
+
+def timed_beside_cublas(contestants: dict, sets: list, flop: int, errors: dict,
+                        out=None, warmup_s: float = WARMUP_S) -> dict:
+    """`contestants` ({name: run(i) on input set i of `sets`}) timed with cupy.matmul and, where
+    installed, torch.matmul on the same sets (into `out`, else new arrays), interleaved,
+    medians: {tflops, cublas_tflops (the faster), rel_err: `errors`, ok: every error below
+    MAX_REL_ERR}."""
+    import cupy
+
+    from hopmm.timing import interleaved_medians
+
+    contestants = dict(contestants, cupy=lambda i: cupy.matmul(*sets[i], out=out))
     try:
         import torch
     except ImportError:
         torch = None
     if torch is not None:
         tsets = [(torch.from_dlpack(a), torch.from_dlpack(b)) for a, b in sets]
-        tout = torch.from_dlpack(c)
+        tout = None if out is None else torch.from_dlpack(out)
         contestants["torch"] = lambda i: torch.matmul(*tsets[i], out=tout)
-    seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
-                                  WARMUP_S)
-    flop = 2 * m * n * k
+    seconds = interleaved_medians(contestants, [(i,) for i in range(len(sets))], ROUNDS,
+                                  warmup_s)
     tflops = {name: flop / s / 1e12 for name, s in seconds.items()}
     cublas = max(v for name, v in tflops.items() if name in ("cupy", "torch"))
     ok = all(e < MAX_REL_ERR for e in errors.values())   # NaN fails too
-    return dict(entry, tflops=tflops, cublas_tflops=cublas, rel_err=errors, ok=ok)
+    return dict(tflops=tflops, cublas_tflops=cublas, rel_err=errors, ok=ok)
 
 
 def main(argv=None) -> int:

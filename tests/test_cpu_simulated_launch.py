@@ -1287,3 +1287,29 @@ def test_matmul_ab_plans_each_rule_afresh(simulated_gpu):
             expect(a, b, recipe.run(a, b, None))
     assert heuristics.GEMV_M_MAJOR_A_ROW_COST == current
     assert "schedule: persistent" in matmul_ab.plan_line(*sets[0])
+
+
+def test_pick_ab_times_its_contestants_beside_cupy(simulated_gpu, monkeypatch):
+    """bench/pick_ab.py's timed_beside_cublas (pick_ab's and matmul_ab's timing): every
+    contestant and cupy.matmul run on every input set, TFLOP/s from the medians, the faster
+    cuBLAS as the reference, ok only where every error is below MAX_REL_ERR."""
+    pick_ab = _bench_module("pick_ab.py")
+    from hopmm import timing
+
+    ran = []
+
+    def medians(contestants, inputs, rounds, warmup_s):
+        for name, run in contestants.items():
+            for args in inputs:
+                run(*args)
+                ran.append((name, args))
+        return {name: (1e-3 if name == "cupy" else 5e-4) for name in contestants}
+
+    monkeypatch.setattr(timing, "interleaved_medians", medians)
+    sets = [(rand((64, 32)), rand((32, 16))) for _ in range(2)]
+    got = pick_ab.timed_beside_cublas({"new": lambda i: None}, sets, 2e9, {"new": 1e-3})
+    assert {name for name, _ in ran} == {"new", "cupy"} | ({"torch"} if "torch" in got["tflops"]
+                                                          else set())
+    assert {args for _, args in ran} == {(0,), (1,)}
+    assert got["tflops"]["new"] == pytest.approx(4.0) and got["cublas_tflops"] == pytest.approx(2.0)
+    assert got["ok"] and not pick_ab.timed_beside_cublas({}, sets, 2e9, {"new": 1.0})["ok"]
