@@ -205,3 +205,30 @@ def draw_narrow_shape(seed: int, index: int, dtypes) -> Shape:
 def draw_narrow_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
     """Narrow shapes start .. start + count - 1 of the draw `seed`."""
     return [draw_narrow_shape(seed, i, dtypes) for i in _indices(start, count)]
+
+
+# Few-row draws (draw_few_rows_shape): products of a few dozen rows or columns (a batch of
+# requests at a decode step, a small head over many tokens) between the decode draws' 16 and
+# half a 128-row tile, at any width: the short side log-uniform in [FEW_ROWS_DRAW_MIN,
+# FEW_ROWS_DRAW_MAX] (rows on indices 0, 1 mod 4, columns on 2, 3), the long sides as the
+# decode draws' (rounded on even indices), so half of them have rows TMA cannot read in place.
+FEW_ROWS_DRAW_MIN = DECODE_DRAW_ROWS + 1
+FEW_ROWS_DRAW_MAX = 64
+
+
+def draw_few_rows_shape(seed: int, index: int, dtypes) -> Shape:
+    """Few-row shape `index` of the draw `seed`, a function of (seed, index) alone like
+    draw_shape's."""
+    if not dtypes:
+        raise ValueError("dtypes must name at least one dtype")
+    rng = random.Random(f"hopmm-few-rows/{seed}/{index}")
+    rounded = index % 2 == 0
+    short = round(math.exp(rng.uniform(math.log(FEW_ROWS_DRAW_MIN), math.log(FEW_ROWS_DRAW_MAX))))
+    long, k = _two_long_sides(rng, rounded)
+    m, n = (short, long) if index % 4 < 2 else (long, short)
+    return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+
+
+def draw_few_rows_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
+    """Few-row shapes start .. start + count - 1 of the draw `seed`."""
+    return [draw_few_rows_shape(seed, i, dtypes) for i in _indices(start, count)]

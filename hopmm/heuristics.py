@@ -12,7 +12,7 @@ from . import occupancy
 from .compile import compile_schedule
 from .device import H100_SXM, DeviceInfo
 from .problem import LINE_BYTES, Problem
-from .layout import MAX_GRID_Z
+from .layout import MAX_GRID_Z, padded
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_MMA_ROWS, GEMV_VEC,
                         MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
                         TMA_BOX_ELEMS, WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
@@ -817,6 +817,13 @@ def _split_more_ctas_min_k_blocks(device: DeviceInfo) -> int:
 # is weighed against COPY_ROUTE_RATIO times the product's compute floor at FLOOR_TFLOPS (at
 # least MIN_CALL_US), as before v0.37. CUBLAS_UNALIGNED_TBPS is not scaled by the device's
 # DRAM (dram_scale): at a third of the H100's copy rate, those kernels are not bound by it.
+# Except on few rows over a long K: where the short side is at most CUBLAS_NARROW_SIDE, the
+# rows are multiples of CUBLAS_NARROW_MIN_ALIGN bytes and K is at least CUBLAS_NARROW_MIN_K,
+# cuBLAS streams the operands at DRAM speed: a fixed CUBLAS_NARROW_FIXED_US, then the bytes at
+# CUBLAS_NARROW_TBPS (scaled: dram_scale), the product computed on tiles of that side. Fitted
+# to 28 such products on the H200 (1.8-2.9 TB/s; rms of the log error 0.08, against 0.4 for
+# the model above); over shorter loops they ran 1.3-2.0 TB/s, near the model above, as did
+# those of 2-byte rows (1.1 TB/s; bench/NOTES.md v0.61).
 COPY_TBPS = 3.0
 FLOOR_TFLOPS = 800.0
 COPY_ROUTE_RATIO = 4.0
@@ -825,6 +832,11 @@ COPY_PATH_BIAS = 1.3
 CUBLAS_UNALIGNED_TBPS = {2: 1.0, 4: 1.4, 8: 1.4}
 CUBLAS_UNALIGNED_TFLOPS = {2: 115.0, 4: 180.0, 8: 180.0}
 CUBLAS_TILE = 128
+CUBLAS_NARROW_SIDE = 64
+CUBLAS_NARROW_MIN_ALIGN = 4
+CUBLAS_NARROW_MIN_K = 7000
+CUBLAS_NARROW_FIXED_US = 10.0
+CUBLAS_NARROW_TBPS = 1.6
 
 
 def copy_us(copied_bytes: int, device: DeviceInfo) -> float:
@@ -833,15 +845,21 @@ def copy_us(copied_bytes: int, device: DeviceInfo) -> float:
     return 2 * copied_bytes / (COPY_TBPS * dram_scale(device) * 1e6)
 
 
-def cublas_unaligned_us(problem: Problem, align: int) -> float:
-    """cuBLAS's modelled time for `problem` on rows aligned to `align` bytes (2, 4 or 8)."""
+def cublas_unaligned_us(problem: Problem, align: int, device: DeviceInfo) -> float:
+    """cuBLAS's modelled time for `problem` on rows aligned to `align` bytes (2, 4 or 8) on
+    `device`."""
     p = problem
     short, long = min(p.m, p.n), max(p.m, p.n)
-    padded = -(-short // CUBLAS_TILE) * CUBLAS_TILE
     moved = _operand_bytes(p) + _result_bytes(p)
-    flops = 2 * p.batch * padded * long * p.k
-    return max(moved / (CUBLAS_UNALIGNED_TBPS[align] * 1e6),
-               flops / (CUBLAS_UNALIGNED_TFLOPS[align] * 1e6))
+    tflops = CUBLAS_UNALIGNED_TFLOPS[align] * 1e6
+    if (short <= CUBLAS_NARROW_SIDE and align >= CUBLAS_NARROW_MIN_ALIGN
+            and p.k >= CUBLAS_NARROW_MIN_K):
+        flops = 2 * p.batch * CUBLAS_NARROW_SIDE * long * p.k
+        stream_us = moved / (CUBLAS_NARROW_TBPS * dram_scale(device) * 1e6)
+        return CUBLAS_NARROW_FIXED_US + max(stream_us, flops / tflops)
+    tiled = -(-short // CUBLAS_TILE) * CUBLAS_TILE
+    flops = 2 * p.batch * tiled * long * p.k
+    return max(moved / (CUBLAS_UNALIGNED_TBPS[align] * 1e6), flops / tflops)
 
 
 def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
@@ -864,7 +882,7 @@ def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,
         return (f"{copies}, more than {COPY_ROUTE_RATIO:g}x the product's compute floor "
                 f"({compute_us:.1f} us); cuBLAS reads such rows in place")
     ours = copy_time + COPY_PATH_BIAS * product_us
-    theirs = cublas_unaligned_us(p, align)
+    theirs = cublas_unaligned_us(p, align, device)
     if ours <= theirs:
         return None
     return (f"{copies}, then the product (~{COPY_PATH_BIAS * product_us:.1f} us): more than "
@@ -1572,7 +1590,7 @@ def phased_choice(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, problem:
 
     # The fastest option (the first, the choice's own with every operand phased, of ties).
     ours, _, phased = min((total_us(option), i, option) for i, option in enumerate(options))
-    cublas = cublas_unaligned_us(problem, align)
+    cublas = cublas_unaligned_us(problem, align, device)
     copy_path = math.inf if product_us is None else all_copied + COPY_PATH_BIAS * product_us
     if ours > min(PHASED_CUBLAS_MARGIN * cublas, copy_path):
         return None
@@ -1611,6 +1629,7 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         return choice
     rival = (wave_tail_choice(choice, problem, device, epilogue, epilogue_reads)
              or _sub_wave_stream_k(choice, problem, device))
+    rival = _narrow_stream_k(rival or choice, problem, device) or rival
     transposed = None if epilogue else _transposed_choice(choice, problem, device)
     if transposed is None:
         return rival or choice
@@ -2267,6 +2286,21 @@ STREAM_WAIT_US = 2.0
 # 192 columns, the second column half past N), where stream-K's 192- or 256-wide tiles read it
 # fewer times, on every SM (1.02-1.17 x on eight such products of 192-576 columns; NOTES v0.55).
 STREAM_K_DISPLACES = TAIL_MAIN_SCHEDULES + (SplitKSchedule, SplitKClusterSchedule)
+# Stream-K's tiles the rules above and a forced stream-K weigh: not the narrow tile, which only
+# _narrow_stream_k offers (where B's rows are narrow too).
+STREAM_K_WIDE_BLOCK_NS = tuple(n for n in StreamKSchedule.block_ns if n != NARROW_BLOCK_N)
+# The narrow tile's CTAs all read the same k-block of B at about the same time. Where B's rows
+# are a sector or longer but start mid-sector (a pitch an odd multiple of half a sector, under
+# a line: 48, 80 or 112 bytes), the narrow picks ran slower against their model than stream-K
+# on the same tile did, whose CTAs read different k-blocks: by about NARROW_B_MID_SECTOR_COST
+# times half a sector over the pitch (20 % on 48-byte rows, 12 % on 80, 9 % on 112; 104 tall
+# products of 16-120 columns, NOTES v0.61). Stream-K on the narrow tile (one lane, every SM)
+# displaces a narrow pick of such rows where its model is below the pick's charged that cost,
+# over main loops of at least NARROW_STREAM_K_MIN_K_BLOCKS (those products' shortest: 14-16
+# k-blocks). Not on rows of whole sectors: there stream-K ran 0.73-1.16 x the pick (32-96
+# bytes), 0.64-0.99 x on whole lines.
+NARROW_B_MID_SECTOR_COST = 0.6
+NARROW_STREAM_K_MIN_K_BLOCKS = 16
 
 
 def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
@@ -2304,14 +2338,14 @@ def _lane_operand_bytes(problem: Problem, cfg: KernelConfig, group: int) -> int:
 
 def stream_k_choices(problem: Problem, device: DeviceInfo,
                      tile: tuple[int, int] | None = None) -> list[Choice]:
-    """Stream-K on each tile (only `tile`, where given) and lane direction that fits, with as
-    many CTAs a lane as the SMs allow (at most one a k-block), each with its model's time in
-    its reason."""
+    """Stream-K on each wide tile (STREAM_K_WIDE_BLOCK_NS; only `tile`, where given) and lane
+    direction that fits, with as many CTAs a lane as the SMs allow (at most one a k-block),
+    each with its model's time in its reason."""
     if problem.batch > MAX_GRID_Z:
         return []
     out = []
     for shape in StreamKSchedule.tile_shapes():
-        if tile is not None and shape != tile:
+        if shape != tile and (tile is not None or shape[1] not in STREAM_K_WIDE_BLOCK_NS):
             continue
         cfg = StreamKSchedule.deepest(problem.dtype, shape[1], problem.trans_a, problem.trans_b,
                                       device.smem_per_block_optin, shape[0])
@@ -2356,6 +2390,8 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     if tiles >= device.sm_count or k_blocks < STREAM_K_OWN_TILE_MIN_K_BLOCKS:
         return None
     own_tile = k_blocks < STREAM_K_MIN_K_BLOCKS
+    if own_tile and cfg.block_n not in STREAM_K_WIDE_BLOCK_NS:
+        return None
     stream = _stream_k_choice(problem, device,
                               (cfg.block_m, cfg.block_n) if own_tile else None)
     if stream is None:
@@ -2369,7 +2405,7 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     streamed = "A" if StreamKSchedule.lanes_are_columns(problem, stream.config, group) else "B"
     model_us = _choice_us(pick, problem, device)
     waits = (streamed == "A" and pick.schedule in TAIL_MAIN_SCHEDULES
-             and cfg.block_n >= min(StreamKSchedule.block_ns))
+             and cfg.block_n >= min(STREAM_K_WIDE_BLOCK_NS))
     wait_us = _stream_wait_us(pick, problem, device) if waits else 0.0
     stream_us = _choice_us(stream, problem, device)
     if stream_us * (STREAM_K_SHORT_GAIN if own_tile else 1.0) > max(model_us, wait_us):
@@ -2394,6 +2430,47 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
         displaced += (f"; under {STREAM_K_MIN_K_BLOCKS} k-blocks stream-K runs the same tile, "
                       f"at least {STREAM_K_SHORT_GAIN} x ahead by its model")
     return replace(stream, reason=f"{displaced}; {stream.reason}", instead=pick)
+
+
+def narrow_b_mid_sector_cost(problem: Problem) -> float:
+    """The narrow tile's cost (a fraction of its model's time) of B's rows (the rule above):
+    NARROW_B_MID_SECTOR_COST x half a sector over the pitch where the N-major rows, whole
+    16-byte chunks as TMA reads them, are a sector or longer, under a line and start
+    mid-sector; else 0."""
+    pitch = padded(problem.n, ELEM_BYTES) * ELEM_BYTES
+    half_sector = SECTOR_BYTES // 2
+    if not (problem.trans_b and SECTOR_BYTES <= pitch < LINE_BYTES
+            and pitch % SECTOR_BYTES == half_sector):
+        return 0.0
+    return NARROW_B_MID_SECTOR_COST * half_sector / pitch
+
+
+def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
+    """Stream-K on the narrow tile, in one lane (the column of its tiles) over every SM, instead
+    of `pick` (an unforced choice on the narrow tile of one kernel of STREAM_K_DISPLACES, its
+    wave tail's too) where the rule above takes it; else None."""
+    cfg = pick.config
+    if (pick.schedule not in STREAM_K_DISPLACES or cfg.trans_c
+            or (cfg.block_m, cfg.block_n) != (BLOCK_M, NARROW_BLOCK_N)
+            or _k_blocks(problem) < NARROW_STREAM_K_MIN_K_BLOCKS):
+        return None
+    cost = narrow_b_mid_sector_cost(problem)
+    if cost == 0.0:
+        return None
+    one_lane = [c for c in stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N))
+                if StreamKSchedule.lanes(problem, c.config, c.raster_group) == 1]
+    stream = min(one_lane, key=lambda c: _choice_us(c, problem, device), default=None)
+    pick_us = _rival_us(pick, problem, device)
+    if stream is None or pick_us is None:
+        return None
+    if _choice_us(stream, problem, device) > pick_us * (1 + cost):
+        return None
+    pitch = padded(problem.n, ELEM_BYTES) * ELEM_BYTES
+    return replace(stream, reason=(
+        f"stream-K on the narrow tile, whose CTAs read B at different k-blocks, instead of "
+        f"{label(pick)}: B's rows of {pitch} bytes start mid-sector, and that tile's CTAs, "
+        f"which read each k-block of B at once, run ~{cost:.0%} past its model's "
+        f"{pick_us:.1f} us; {stream.reason}"), instead=pick)
 
 
 def _stream_wait_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:

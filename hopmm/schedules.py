@@ -934,7 +934,7 @@ class StreamKSchedule(PersistentSchedule):
     phased_ok = False   # its producer and its workers' walk are its own
     skeleton = "kernel_stream_k.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::stream_k_gemm")
-    block_ns = WarpSpecializedSchedule.block_ns
+    block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
     short_block_ns = ()
     splits_label = "ctas"
     workspace = True

@@ -3,7 +3,8 @@ NaN-poisoned outputs with spare rows below: every tile width, lanes by rows and 
 tiles, every layout, K not a multiple of 64 or below one k-block, one row or one column,
 sliced and transposed operands, batches, the row store, fused epilogues, out = c, bitwise
 repeats and new operands through the remembered launches; and the heuristic's own choice of it
-for sub-wave grids over a long K (its rule: tests/test_stream_k_cpu.py), plain and fused.
+for sub-wave grids over a long K and for tall products of B rows that start mid-sector on the
+narrow tile (its rules: tests/test_stream_k_cpu.py), plain and fused.
 Skips without a Hopper GPU."""
 import pytest
 
@@ -50,7 +51,7 @@ def run_lanes(a, b, width, lanes_by, ctas_per_lane=None):
 @pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("lanes_by", ["rows", "columns"])
-@pytest.mark.parametrize("width", [128, 192, 256])
+@pytest.mark.parametrize("width", [64, 128, 192, 256])
 def test_stream_k_lanes_match_cupy(width, lanes_by, dtype, layout):
     """Every tile width and lane direction: 1,000 x 700 over K = 3,000 (47 k-blocks, the last
     partial), cut into pieces that start inside tiles (lanes of 8 tiles or fewer, over as many
@@ -155,4 +156,23 @@ def test_sub_wave_products_take_stream_k(m, n, k, dtype, layout):
 @pytest.mark.parametrize("m,n,k,dtype", SUB_WAVE)
 def test_sub_wave_stream_k_fused_into_c(m, n, k, dtype):
     text = check_fused_into_c(*operands(m, n, k, dtype), "columns", dtype)
+    assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text
+
+
+# Tall products of a few dozen columns whose B rows start mid-sector, which the heuristic
+# gives stream-K on the narrow tile (its rule: tests/test_stream_k_cpu.py); B N-major (the
+# rule's layouts), over one lane of every SM, pieces cut inside tiles.
+NARROW = [(11840, 24, 5376, "bfloat16"), (15680, 40, 10944, "float16"),
+          (5184, 24, 26688, "bfloat16")]
+
+
+@pytest.mark.parametrize("m,n,k,dtype", NARROW)
+@pytest.mark.parametrize("layout", ["NN", "TN"])
+def test_narrow_products_of_mid_sector_rows_take_stream_k(m, n, k, dtype, layout):
+    check_call(m, n, k, dtype, *LAYOUTS[layout], "schedule: stream_k\n", "start mid-sector")
+
+
+def test_narrow_stream_k_fused_into_c():
+    m, n, k, dtype = NARROW[0]
+    text = check_fused_into_c(*operands(m, n, k, dtype), "rows", dtype)
     assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text

@@ -1,6 +1,7 @@
 """CPU: the heuristic is a pure function of the problem and the device description."""
 import functools
 import math
+from dataclasses import replace
 
 import pytest
 
@@ -296,8 +297,6 @@ def test_grid_rejects_splits_beyond_the_bound():
 
 
 # ---- split-K in clusters -------------------------------------------------------------------
-
-from dataclasses import replace  # noqa: E402
 
 from hopmm.device import H100_SXM_CLUSTERS as H100_CLUSTERS  # noqa: E402
 from hopmm.schedules import MAX_CLUSTER_SPLITS, SplitKClusterSchedule  # noqa: E402
@@ -856,15 +855,41 @@ def test_calls_whose_aligned_copies_outlast_cublas_go_to_cupy(m, n, k, dtype, ro
 def test_cublas_model_on_unaligned_rows():
     """cuBLAS on rows of 2 bytes: the operands moved at 1 TB/s or the product computed at 115
     TFLOP/s on its short side in whole tiles of 128, whichever takes longer."""
+    cublas_us = heuristics.cublas_unaligned_us
     p = Problem(6000, 100, 12001, 1, "float16")
     moved = (6000 + 100) * 12001 * 2 + 6000 * 100 * 2
     tile_flops = 2 * 128 * 6000 * 12001
-    assert heuristics.cublas_unaligned_us(p, 2) == pytest.approx(
-        max(moved / 1e6, tile_flops / 115e6))
+    assert cublas_us(p, 2, H100_SXM) == pytest.approx(max(moved / 1e6, tile_flops / 115e6))
     # 129 columns take two tiles; on 4-byte rows cuBLAS is faster.
     wide = Problem(6000, 129, 12001, 1, "float16")
-    assert heuristics.cublas_unaligned_us(wide, 2) == pytest.approx(2 * tile_flops / 115e6)
-    assert heuristics.cublas_unaligned_us(p, 4) < heuristics.cublas_unaligned_us(p, 2)
+    assert cublas_us(wide, 2, H100_SXM) == pytest.approx(2 * tile_flops / 115e6)
+    assert cublas_us(p, 4, H100_SXM) < cublas_us(p, 2, H100_SXM)
+
+
+H200_DRAM = replace(H100_SXM, dram_tbps=4.81)
+
+
+@pytest.mark.parametrize("columns,align,streamed", [
+    (40, 4, True), (64, 8, True),     # few columns of 4- or 8-byte rows: at the DRAM's rate
+    (65, 4, False),                   # past half a tile: computed on whole tiles of 128
+    (40, 2, False),                   # 2-byte rows: bound by their loads, not by DRAM
+])
+def test_cublas_streams_few_rows_of_4_or_8_bytes_at_the_dram_rate(columns, align, streamed):
+    """Where the short side is at most 64 and rows are 4- or 8-byte multiples, cuBLAS's model
+    takes a fixed time, then moves the operands at its narrow rate scaled by the device's DRAM
+    (dram_scale); elsewhere the rate does not depend on the DRAM."""
+    p = Problem(9000, columns, 12001, 1, "float16")
+    moved = (9000 + columns) * 12001 * 2 + 9000 * columns * 2
+    h200_us = heuristics.cublas_unaligned_us(p, align, H200_DRAM)
+    h100_us = heuristics.cublas_unaligned_us(p, align, H100_SXM)
+    if streamed:
+        scale = heuristics.dram_scale(H200_DRAM)
+        assert scale > 1.0
+        fixed, tbps = heuristics.CUBLAS_NARROW_FIXED_US, heuristics.CUBLAS_NARROW_TBPS
+        assert h200_us == pytest.approx(fixed + moved / (tbps * scale * 1e6))
+        assert h100_us == pytest.approx(fixed + moved / (tbps * 1e6))
+    else:
+        assert h200_us == h100_us >= moved / (heuristics.CUBLAS_UNALIGNED_TBPS[align] * 1e6)
 
 
 # An epilogue that reads bias or c waits on one load per pair on the overlap kernels (their
@@ -896,8 +921,6 @@ def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
     """A result of unaligned rows: a config that takes the row store keeps its schedule; the
     overlap kernel's 128 x 192 (no registers for it) gives way to the single-set kernel of
     the same tile, unless forced; split-K and gemv keep the copy (None)."""
-    from dataclasses import replace
-
     from hopmm.schedules import PersistentOverlapSchedule, PersistentSchedule
 
     dev = H100_SXM
@@ -935,7 +958,9 @@ def test_row_store_choice_keeps_the_tile_and_leaves_the_overlap_kernel():
     (1664, 48, 22336, "split_k_cluster"),
 ])
 def test_narrow_products_take_the_narrow_tile(m, n, k, schedule):
-    c = choose(m, n, k, device=H100_CLUSTERS)
+    # phaseable: the narrow pick, where stream-K on the narrow tile displaced it
+    # (tests/test_stream_k_cpu.py)
+    c = heuristics.phaseable(choose(m, n, k, device=H100_CLUSTERS))
     assert c.schedule.name == schedule and c.tail is None
     assert c.config.block_n == heuristics.NARROW_BLOCK_N and c.config.block_m == 128
     assert f"tiles of 128x{heuristics.NARROW_BLOCK_N}" in c.reason

@@ -136,8 +136,10 @@ def test_a_phased_a_loads_whole_tiles():
 
 
 def choice_for(m, n, k, dtype="bfloat16"):
+    """The problem and the choice its phase maps would run (phaseable: a stream-K choice's
+    displaced pick)."""
     p = Problem(m, n, k, 1, dtype)
-    return p, heuristics.choose(p, H100_SXM)
+    return p, heuristics.phaseable(heuristics.choose(p, H100_SXM))
 
 
 def test_the_model_takes_phase_maps_where_they_beat_cublas_on_such_rows():
@@ -151,7 +153,8 @@ def test_the_model_takes_phase_maps_where_they_beat_cublas_on_such_rows():
     assert phased.config.b_pitch_mod8 == 0 and phased.config.stages >= PHASED_MIN_STAGES
     assert "A's rows are not 16-byte aligned" in phased.reason
     assert "eight tensor maps" in phased.reason and "against cuBLAS" in phased.reason
-    assert heuristics.phased_us(phased, p, H100_SXM) < heuristics.cublas_unaligned_us(p, 2)
+    assert (heuristics.phased_us(phased, p, H100_SXM)
+            < heuristics.cublas_unaligned_us(p, 2, H100_SXM))
     p, c = choice_for(5625, 52, 8110, "float16")
     assert not c.schedule.split_k   # 44 tiles of 128 x 64, one wave: split over the SMs
     split = heuristics.phased_choice(c, 2, 0, p, H100_SXM, 4)
@@ -176,7 +179,8 @@ def test_a_split_choice_is_modelled_by_its_slices():
     phased = replace(c, config=c.schedule.phased_config(c.config, 1, 0, LIMIT))
     k_blocks = -(-30000 // 64)
     assert heuristics.cta_k_blocks(phased, p, H100_SXM) == -(-k_blocks // c.splits)
-    assert heuristics.phased_us(phased, p, H100_SXM) > heuristics.cublas_unaligned_us(p, 2)
+    assert (heuristics.phased_us(phased, p, H100_SXM)
+            > heuristics.cublas_unaligned_us(p, 2, H100_SXM))
     assert heuristics.phased_choice(c, 1, 0, p, H100_SXM, 2, keep_tile=True) is None
 
 

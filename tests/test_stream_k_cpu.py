@@ -228,7 +228,8 @@ def test_wait_on_stages_counts_only_for_a():
 
 @pytest.mark.parametrize("device", [H100_SXM, H200], ids=["H100", "H200"])
 def test_stream_k_taken_only_where_its_rule_holds(device):
-    """Wherever the heuristic takes stream-K unforced: a sub-wave grid of 128-row tiles before,
+    """Wherever the heuristic takes stream-K unforced (the narrow tile's rule apart): a
+    sub-wave grid of 128-row tiles before,
     a long main loop, the lanes' own operand in L2, at most STREAM_K_MAX_CTAS_PER_TILE CTAs a
     tile, and its model no slower than the pick's time: the wave model's or a split's, or the
     wait on its stages of A where that is longer (restated from the reason)."""
@@ -243,6 +244,14 @@ def test_stream_k_taken_only_where_its_rule_holds(device):
             continue
         taken += 1
         k_blocks = heuristics._k_blocks(p)
+        if "stream-K on the narrow tile" in c.reason:   # _narrow_stream_k's own rule
+            pick = c.instead
+            assert (pick.config.block_n, c.config.block_n) == (64, 64) and p.n <= 64
+            assert k_blocks >= heuristics.NARROW_STREAM_K_MIN_K_BLOCKS
+            cost = heuristics.narrow_b_mid_sector_cost(p)
+            assert heuristics._choice_us(c, p, device) <= \
+                heuristics._rival_us(pick, p, device) * (1 + cost)
+            continue
         assert k_blocks >= heuristics.STREAM_K_OWN_TILE_MIN_K_BLOCKS
         short = k_blocks < heuristics.STREAM_K_MIN_K_BLOCKS
         if short:
@@ -395,3 +404,68 @@ def test_short_loop_refuses_a_wider_stream_k_tile():
     p = problem(4352, 192, 4800)
     c = heuristics.choose(p, H200)
     assert c.schedule is not SK and (c.config.block_m, c.config.block_n) == (128, 64)
+
+
+# ---- the narrow tile: stream-K where B's rows are narrow (heuristics._narrow_stream_k) -------
+
+@pytest.mark.parametrize("columns,cost", [
+    (24, 0.6 * 16 / 48), (40, 0.6 * 16 / 80), (56, 0.6 * 16 / 112),   # mid-sector rows
+    (20, 0.6 * 16 / 48),                 # 40-byte rows, read as 48 (whole 16-byte chunks)
+    (16, 0.0), (32, 0.0), (48, 0.0), (64, 0.0),   # whole sectors, whole lines
+    (8, 0.0),                            # under a sector: the line copy's rule instead
+])
+def test_narrow_b_mid_sector_cost(columns, cost):
+    p = problem(20000, columns, 4096)
+    assert heuristics.narrow_b_mid_sector_cost(p) == pytest.approx(cost)
+    k_major = Problem(20000, columns, 4096, 1, "bfloat16", "k", "k")
+    assert heuristics.narrow_b_mid_sector_cost(k_major) == 0.0
+
+
+@pytest.mark.parametrize("device", [H100_SXM_CLUSTERS, H200], ids=["H100", "H200"])
+@pytest.mark.parametrize("m,n,k", [(24064, 24, 29376), (11840, 24, 5376), (15680, 40, 10944),
+                                   (5184, 24, 26688)])
+def test_narrow_products_of_mid_sector_rows_take_stream_k_on_the_narrow_tile(m, n, k, device):
+    """Tall products of 24 or 40 columns whose narrow pick (persistent, or split_k_cluster over
+    few tiles) its model charges for B's rows: stream-K on the narrow tile, one lane of every
+    SM, keeping the pick it displaced (phaseable) and saying why."""
+    p = problem(m, n, k)
+    c = heuristics.choose(p, device)
+    assert c.schedule is SK and (c.config.block_m, c.config.block_n) == (128, 64), c.reason
+    assert c.splits == device.sm_count and SK.lanes(p, c.config, c.raster_group) == 1
+    assert "start mid-sector" in c.reason and "stream-K on the narrow tile" in c.reason
+    assert c.instead is not None and c.instead.config.block_n == 64
+    assert heuristics.phaseable(c) is c.instead
+
+
+def test_the_narrow_rule_weighs_the_models():
+    """Uncharged (rows of whole lines), the narrow pick stays where stream-K's model is slower;
+    charging the pick moves the same product; K-major B and a forced schedule are left alone."""
+    p = problem(11840, 24, 5376)
+    pick = heuristics._choose_one(p, H200, None, False, False)
+    stream = heuristics._stream_k_choice(p, H200, (128, 64))
+    pick_us = heuristics._choice_us(pick, p, H200)
+    stream_us = heuristics._choice_us(stream, p, H200)
+    assert pick_us < stream_us <= pick_us * (1 + heuristics.narrow_b_mid_sector_cost(p))
+    assert heuristics._narrow_stream_k(pick, p, H200) is not None
+    assert heuristics._narrow_stream_k(pick, replace(p, n=64), H200) is None
+    assert heuristics._narrow_stream_k(pick, replace(p, b_major="k"), H200) is None
+    forced = heuristics.choose(p, H200, "stream_k")
+    assert forced.config.block_n in heuristics.STREAM_K_WIDE_BLOCK_NS
+
+
+def test_wide_picks_and_sub_wave_rules_never_offer_the_narrow_tile():
+    """stream_k_choices without a tile weighs the wide tiles only, so the sub-wave rule and a
+    forced stream-K choose as they did before the narrow tile was offered."""
+    p = problem(9000, 24, 20000)
+    assert {c.config.block_n for c in heuristics.stream_k_choices(p, H200)} \
+        == set(heuristics.STREAM_K_WIDE_BLOCK_NS)
+    assert {c.config.block_n for c in heuristics.stream_k_choices(p, H200, (128, 64))} == {64}
+
+
+def test_the_narrow_rule_needs_a_main_loop():
+    """Under NARROW_STREAM_K_MIN_K_BLOCKS k-blocks (not measured) the narrow pick stays."""
+    k = (heuristics.NARROW_STREAM_K_MIN_K_BLOCKS - 1) * 64
+    p = problem(29504, 24, k)
+    pick = heuristics._choose_one(p, H200, None, False, False)
+    assert heuristics._narrow_stream_k(pick, p, H200) is None
+    assert heuristics._narrow_stream_k(pick, replace(p, k=k + 64), H200) is not None

@@ -103,6 +103,31 @@ def test_narrow_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
         sweep_shapes.draw_narrow_shape(seed, 0, [])
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_few_rows_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
+    shapes = sweep_shapes.draw_few_rows_shapes(seed, 0, len(INDICES), DTYPES)
+    assert sweep_shapes.draw_few_rows_shapes(seed, 30, 10, DTYPES) == shapes[30:40]
+    low, high = sweep_shapes.FEW_ROWS_DRAW_MIN, sweep_shapes.FEW_ROWS_DRAW_MAX
+    for s in shapes:
+        short, long = (s.m, s.n) if s.index % 4 < 2 else (s.n, s.m)
+        assert low <= short <= high, s
+        assert all(sweep_shapes.DECODE_DRAW_DIM_MIN <= x <= sweep_shapes.DIM_MAX
+                   for x in (long, s.k)), s
+        assert s.rounded == (s.index % 2 == 0) and s.dtype == DTYPES[(s.index // 2) % 2]
+        if s.rounded:
+            assert long % 64 == 0 and s.k % 64 == 0, s
+    shorts = {min(s.m, s.n) for s in shapes}
+    # log-uniform over 17-64 (the rounded ends drawn half as often as the rest)
+    assert min(shorts) <= low + 2 and max(shorts) >= high - 8 and len(shorts) >= 30
+    unaligned = [s for s in shapes if not s.rounded and (s.k % 8 or s.n % 8)]
+    assert len(unaligned) >= len(shapes) // 4   # rows TMA cannot read in place are drawn
+    assert [s.label for s in shapes] != [s.label for s in
+                                         sweep_shapes.draw_few_rows_shapes(seed + 1, 0,
+                                                                           len(INDICES), DTYPES)]
+    with pytest.raises(ValueError, match="dtype"):
+        sweep_shapes.draw_few_rows_shape(seed, 0, [])
+
+
 def test_the_generator_refuses_what_it_cannot_draw():
     with pytest.raises(ValueError, match="max_gflop"):
         draw_shape(1, 0, DTYPES, max_gflop=1.0)
