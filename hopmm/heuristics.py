@@ -819,11 +819,12 @@ def _split_more_ctas_min_k_blocks(device: DeviceInfo) -> int:
 # DRAM (dram_scale): at a third of the H100's copy rate, those kernels are not bound by it.
 # Except on few rows over a long K: where the short side is at most CUBLAS_NARROW_SIDE, the
 # rows are multiples of CUBLAS_NARROW_MIN_ALIGN bytes and K is at least CUBLAS_NARROW_MIN_K,
-# cuBLAS streams the operands at DRAM speed: a fixed CUBLAS_NARROW_FIXED_US, then the bytes at
-# CUBLAS_NARROW_TBPS (scaled: dram_scale), the product computed on tiles of that side. Fitted
-# to 28 such products on the H200 (1.8-2.9 TB/s; rms of the log error 0.08, against 0.4 for
-# the model above); over shorter loops they ran 1.3-2.0 TB/s, near the model above, as did
-# those of 2-byte rows (1.1 TB/s; bench/NOTES.md v0.61).
+# cuBLAS streams the operands at DRAM speed where that is the faster: a fixed
+# CUBLAS_NARROW_FIXED_US, then the bytes at CUBLAS_NARROW_TBPS (scaled: dram_scale), the
+# product computed on tiles of that side. Fitted to 28 such products on the H200 (1.8-2.9
+# TB/s; rms of the log error 0.08, against 0.4 for the model above); over shorter loops they
+# ran 1.3-2.0 TB/s, near the model above, as did those of 2-byte rows (1.1 TB/s;
+# bench/NOTES.md v0.61).
 COPY_TBPS = 3.0
 FLOOR_TFLOPS = 800.0
 COPY_ROUTE_RATIO = 4.0
@@ -852,14 +853,15 @@ def cublas_unaligned_us(problem: Problem, align: int, device: DeviceInfo) -> flo
     short, long = min(p.m, p.n), max(p.m, p.n)
     moved = _operand_bytes(p) + _result_bytes(p)
     tflops = CUBLAS_UNALIGNED_TFLOPS[align] * 1e6
-    if (short <= CUBLAS_NARROW_SIDE and align >= CUBLAS_NARROW_MIN_ALIGN
-            and p.k >= CUBLAS_NARROW_MIN_K):
-        flops = 2 * p.batch * CUBLAS_NARROW_SIDE * long * p.k
-        stream_us = moved / (CUBLAS_NARROW_TBPS * dram_scale(device) * 1e6)
-        return CUBLAS_NARROW_FIXED_US + max(stream_us, flops / tflops)
     tiled = -(-short // CUBLAS_TILE) * CUBLAS_TILE
-    flops = 2 * p.batch * tiled * long * p.k
-    return max(moved / (CUBLAS_UNALIGNED_TBPS[align] * 1e6), flops / tflops)
+    us = max(moved / (CUBLAS_UNALIGNED_TBPS[align] * 1e6),
+             2 * p.batch * tiled * long * p.k / tflops)
+    if (short > CUBLAS_NARROW_SIDE or align < CUBLAS_NARROW_MIN_ALIGN
+            or p.k < CUBLAS_NARROW_MIN_K):
+        return us
+    stream_us = moved / (CUBLAS_NARROW_TBPS * dram_scale(device) * 1e6)
+    flops = 2 * p.batch * CUBLAS_NARROW_SIDE * long * p.k
+    return min(us, CUBLAS_NARROW_FIXED_US + max(stream_us, flops / tflops))
 
 
 def copy_route_reason(problem: Problem, device: DeviceInfo, copied_bytes: int,

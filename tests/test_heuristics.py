@@ -892,6 +892,23 @@ def test_cublas_streams_few_rows_of_4_or_8_bytes_at_the_dram_rate(columns, align
         assert h200_us == h100_us >= moved / (heuristics.CUBLAS_UNALIGNED_TBPS[align] * 1e6)
 
 
+def test_cublas_few_rows_take_the_faster_model_and_a_long_k():
+    """The streamed model's fixed time outweighs its rate on small products, where the model of
+    whole tiles stands; under CUBLAS_NARROW_MIN_K the latter stands too."""
+    cublas_us = heuristics.cublas_unaligned_us
+    small = Problem(60, 1154, 10038, 1, "bfloat16")
+    moved = (60 + 1154) * 10038 * 2 + 60 * 1154 * 2
+    tiles = max(moved / 1.4e6, 2 * 128 * 1154 * 10038 / 180e6)
+    assert cublas_us(small, 4, H100_SXM) == pytest.approx(tiles)
+    assert heuristics.CUBLAS_NARROW_FIXED_US + moved / (heuristics.CUBLAS_NARROW_TBPS * 1e6) \
+        > tiles
+    large = Problem(40, 17566, 23838, 1, "bfloat16")
+    short_k = replace(large, k=heuristics.CUBLAS_NARROW_MIN_K - 1)
+    assert cublas_us(large, 4, H200_DRAM) < cublas_us(large, 4, H100_SXM) \
+        < cublas_us(replace(large, k=23838), 2, H100_SXM)
+    assert cublas_us(short_k, 4, H200_DRAM) == cublas_us(short_k, 4, H100_SXM)
+
+
 # An epilogue that reads bias or c waits on one load per pair on the overlap kernels (their
 # registers allow no more), once per box on the others (bench/NOTES.md v0.19): 8192 x 8192 x
 # 1024 with c ran 0.62 x torch.addmm on persistent_overlap.
