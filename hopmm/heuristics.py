@@ -821,9 +821,9 @@ def _split_more_ctas_min_k_blocks(device: DeviceInfo) -> int:
 # rows are multiples of CUBLAS_NARROW_MIN_ALIGN bytes and K is at least CUBLAS_NARROW_MIN_K,
 # cuBLAS streams the operands at DRAM speed where that is the faster: a fixed
 # CUBLAS_NARROW_FIXED_US, then the bytes at CUBLAS_NARROW_TBPS (scaled: dram_scale), the
-# product computed on tiles of that side. Fitted to 28 such products on the H200 (1.8-2.9
-# TB/s; rms of the log error 0.08, against 0.4 for the model above); over shorter loops they
-# ran 1.3-2.0 TB/s, near the model above, as did those of 2-byte rows (1.1 TB/s;
+# product computed on tiles of that side. Fitted to 28 such products on the H200 (a median 2.2
+# TB/s; rms of the log error 0.08, against 0.44 for the model above); over shorter loops they
+# ran a median 1.6 TB/s, near the model above, as did those of 2-byte rows (1.1 TB/s;
 # bench/NOTES.md v0.61).
 COPY_TBPS = 3.0
 FLOOR_TFLOPS = 800.0
