@@ -151,18 +151,29 @@ DECODE_DRAW_DIM_MIN = 1024
 def draw_decode_shape(seed: int, index: int, dtypes) -> Shape:
     """Decode shape `index` of the draw `seed`, a function of (seed, index) alone like
     draw_shape's; even indices have N and K rounded to multiples of ROUND_TO."""
-    if not dtypes:
-        raise ValueError("dtypes must name at least one dtype")
-    rng = random.Random(f"hopmm-decode/{seed}/{index}")
-    rounded = index % 2 == 0
+    rng, rounded = _shape_generator("decode", seed, index, dtypes)
     m = round(math.exp(rng.uniform(0.0, math.log(DECODE_DRAW_ROWS))))
     n, k = _two_long_sides(rng, rounded)
-    return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+    return Shape(index, m, n, k, _dtype_of(index, dtypes), rounded)
+
+
+def _shape_generator(draw: str, seed: int, index: int, dtypes) -> tuple[random.Random, bool]:
+    """The generator of shape `index` of the `draw` draws' `seed` (a function of the three
+    alone) and whether its long sides are rounded (even indices); ValueError without dtypes."""
+    if not dtypes:
+        raise ValueError("dtypes must name at least one dtype")
+    return random.Random(f"hopmm-{draw}/{seed}/{index}"), index % 2 == 0
+
+
+def _dtype_of(index: int, dtypes) -> str:
+    """The dtype of shape `index` of the decode, narrow and few-row draws: pairs of shapes
+    (one rounded, one not) take the dtypes in turn."""
+    return dtypes[(index // 2) % len(dtypes)]
 
 
 def _two_long_sides(rng: random.Random, rounded: bool) -> tuple[int, int]:
     """Two extents log-uniform in [DECODE_DRAW_DIM_MIN, DIM_MAX], rounded to ROUND_TO if
-    `rounded`: the long sides of the decode and narrow draws."""
+    `rounded`: the long sides of the decode, narrow and few-row draws."""
     lo, hi = math.log(DECODE_DRAW_DIM_MIN), math.log(DIM_MAX)
     x, y = (round(math.exp(rng.uniform(lo, hi))) for _ in range(2))
     return (_round_to(x), _round_to(y)) if rounded else (x, y)
@@ -192,14 +203,11 @@ NARROW_DRAW_MAX_COLUMNS = 64
 def draw_narrow_shape(seed: int, index: int, dtypes) -> Shape:
     """Narrow shape `index` of the draw `seed`, a function of (seed, index) alone like
     draw_shape's."""
-    if not dtypes:
-        raise ValueError("dtypes must name at least one dtype")
-    rng = random.Random(f"hopmm-narrow/{seed}/{index}")
-    rounded = index % 2 == 0
+    rng, rounded = _shape_generator("narrow", seed, index, dtypes)
     steps = NARROW_DRAW_MAX_COLUMNS // NARROW_DRAW_COLUMN_STEP
     n = rng.randint(1, steps) * NARROW_DRAW_COLUMN_STEP
     m, k = _two_long_sides(rng, rounded)
-    return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+    return Shape(index, m, n, k, _dtype_of(index, dtypes), rounded)
 
 
 def draw_narrow_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
@@ -219,14 +227,11 @@ FEW_ROWS_DRAW_MAX = 64
 def draw_few_rows_shape(seed: int, index: int, dtypes) -> Shape:
     """Few-row shape `index` of the draw `seed`, a function of (seed, index) alone like
     draw_shape's."""
-    if not dtypes:
-        raise ValueError("dtypes must name at least one dtype")
-    rng = random.Random(f"hopmm-few-rows/{seed}/{index}")
-    rounded = index % 2 == 0
+    rng, rounded = _shape_generator("few-rows", seed, index, dtypes)
     short = round(math.exp(rng.uniform(math.log(FEW_ROWS_DRAW_MIN), math.log(FEW_ROWS_DRAW_MAX))))
     long, k = _two_long_sides(rng, rounded)
     m, n = (short, long) if index % 4 < 2 else (long, short)
-    return Shape(index, m, n, k, dtypes[(index // 2) % len(dtypes)], rounded)
+    return Shape(index, m, n, k, _dtype_of(index, dtypes), rounded)
 
 
 def draw_few_rows_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
