@@ -1624,8 +1624,9 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
     is an error. `epilogue_reads`: that epilogue reads bias or c, which keeps the call off the
     overlap kernels. An unforced choice may leave the tiles past its last whole wave to a
-    second kernel (wave_tail_choice), run on stream-K (_sub_wave_stream_k) or be computed
-    transposed (_transposed_choice; against either of the others, the lower model runs)."""
+    second kernel (wave_tail_choice), run on stream-K (_sub_wave_stream_k, _narrow_stream_k)
+    or be computed transposed (_transposed_choice; against either of the others, the lower
+    model runs)."""
     choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
     if schedule is not None:
         return choice
@@ -2252,8 +2253,9 @@ def _waves_us(units: int, workers: int, k_blocks: float, kblock_us: float, load:
 # L2 for different lines, where a wave of whole tiles asks for each line from many SMs at
 # once and is served faster. DRAM: the lanes' own operand once (it must fit L2:
 # STREAM_K_L2_BYTES), the operand they share once where it fits L2 too, else once a lane.
-# Unforced, the heuristic takes it only over sub-wave grids of 128-row tiles (_sub_wave_stream_k):
-# elsewhere its model's picks ran 0.73-1.07 x the other choice, 8 of 10 slower (NOTES v0.32).
+# Unforced, the heuristic takes it only over sub-wave grids of 128-row tiles (_sub_wave_stream_k)
+# and on the narrow tile where B's rows start mid-sector (_narrow_stream_k): elsewhere its
+# model's picks ran 0.73-1.07 x the other choice, 8 of 10 slower (NOTES v0.32).
 STREAM_K_KBLOCK_SCALE = 1.4
 STREAM_K_L2_TBPS = 7.0
 STREAM_K_PIECE_US = 1.0
@@ -2347,7 +2349,8 @@ def stream_k_choices(problem: Problem, device: DeviceInfo,
         return []
     out = []
     for shape in StreamKSchedule.tile_shapes():
-        if shape != tile and (tile is not None or shape[1] not in STREAM_K_WIDE_BLOCK_NS):
+        offered = shape == tile if tile is not None else shape[1] in STREAM_K_WIDE_BLOCK_NS
+        if not offered:
             continue
         cfg = StreamKSchedule.deepest(problem.dtype, shape[1], problem.trans_a, problem.trans_b,
                                       device.smem_per_block_optin, shape[0])
@@ -2434,12 +2437,17 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
     return replace(stream, reason=f"{displaced}; {stream.reason}", instead=pick)
 
 
+def _b_row_bytes(problem: Problem) -> int:
+    """The bytes of an N-major B's rows as TMA reads them: whole 16-byte chunks, in place or
+    from an aligned copy."""
+    return padded(problem.n, ELEM_BYTES) * ELEM_BYTES
+
+
 def narrow_b_mid_sector_cost(problem: Problem) -> float:
     """The narrow tile's cost (a fraction of its model's time) of B's rows (the rule above):
-    NARROW_B_MID_SECTOR_COST x half a sector over the pitch where the N-major rows, whole
-    16-byte chunks as TMA reads them, are a sector or longer, under a line and start
-    mid-sector; else 0."""
-    pitch = padded(problem.n, ELEM_BYTES) * ELEM_BYTES
+    NARROW_B_MID_SECTOR_COST x half a sector over the pitch where N-major rows
+    (_b_row_bytes) are a sector or longer, under a line and start mid-sector; else 0."""
+    pitch = _b_row_bytes(problem)
     half_sector = SECTOR_BYTES // 2
     if not (problem.trans_b and SECTOR_BYTES <= pitch < LINE_BYTES
             and pitch % SECTOR_BYTES == half_sector):
@@ -2467,10 +2475,9 @@ def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choi
         return None
     if _choice_us(stream, problem, device) > pick_us * (1 + cost):
         return None
-    pitch = padded(problem.n, ELEM_BYTES) * ELEM_BYTES
     return replace(stream, reason=(
         f"stream-K on the narrow tile, whose CTAs read B at different k-blocks, instead of "
-        f"{label(pick)}: B's rows of {pitch} bytes start mid-sector, and that tile's CTAs, "
+        f"{label(pick)}: B's rows of {_b_row_bytes(problem)} bytes start mid-sector, and that tile's CTAs, "
         f"which read each k-block of B at once, run ~{cost:.0%} past its model's "
         f"{pick_us:.1f} us; {stream.reason}"), instead=pick)
 
