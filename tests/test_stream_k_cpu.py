@@ -442,7 +442,8 @@ def test_the_narrow_rule_weighs_the_models():
     charging the pick moves the same product; K-major B and a forced schedule are left alone."""
     p = problem(11840, 24, 5376)
     pick = heuristics._choose_one(p, H200, None, False, False)
-    stream = heuristics._stream_k_choice(p, H200, (128, 64))
+    stream, = [c for c in heuristics.stream_k_choices(p, H200, (128, 64))
+               if SK.lanes(p, c.config, c.raster_group) == 1]
     pick_us = heuristics._choice_us(pick, p, H200)
     stream_us = heuristics._choice_us(stream, p, H200)
     assert pick_us < stream_us <= pick_us * (1 + heuristics.narrow_b_mid_sector_cost(p))
