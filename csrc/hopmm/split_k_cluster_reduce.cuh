@@ -5,21 +5,21 @@
 // once, so they may wait for one another. Each consumer warpgroup:
 //   1. stages its 64 x kBlockN fp32 partial in its own CTA's shared memory (PartialF32);
 //   2. cluster barrier: every split's partial is written and visible cluster-wide;
-//   3. reduces its share of its 64 rows, the 8-row groups g = rank, rank + splits, ...: reads
-//      each group from every split's partial through distributed shared memory, adds the
-//      partials in split order ((p0 + p1) + p2) + ..., converts to 16 bits and stages the rows
-//      in SWIZZLE_128B boxes of 64 columns x 8 rows in the CTA's operand ring (which every
-//      main loop of the CTA has finished with: they all came to the barrier of step 2);
+//   3. reduces its share of its 64 rows, the 8-row groups g = rank, rank + splits, ...
+//      (ReducedGroups): reads each group from every split's partial through distributed
+//      shared memory, adds the partials in split order ((p0 + p1) + p2) + ..., converts to 16
+//      bits and stages the rows in the CTA's operand ring (which every main loop of the CTA
+//      has finished with: they all came to the barrier of step 2);
 //   4. arrives on the cluster barrier (its reads of the peers are done), TMA-stores its groups
-//      (the C map's boxes are 64 columns x 8 rows) and, in finish(), waits on that barrier:
+//      and, in finish(), waits on that barrier:
 //      no CTA exits while a peer may still read its shared memory.
 // The fp32 additions are the serial split-K epilogue's, in the same order, so results are
 // bitwise those of split_k with as many splits, and identical from run to run. The reduction
 // is spread over the splits' SMs, each reading (splits - 1) / splits of a partial from its
 // peers, instead of a chain of hand-offs through L2 (bench/NOTES.md v0.12).
 #pragma once
-#include "epilogue_tma_store.cuh"
 #include "partial_f32.cuh"
+#include "reduced_groups.cuh"
 
 namespace hopmm {
 
@@ -32,38 +32,26 @@ struct SplitKClusterEpilogue {
     typedef PartialF32<Cfg> Partial;
     static_assert(Cfg::kSplitK, "the fp32 partial is sized by Cfg::kSplitK");
     static_assert(!Cfg::kOverlapStore, "one tile per CTA: the partial is written once");
+    typedef ReducedGroups<Cfg> Groups;
 
-    // Rows of one reduced group and of one TMA store box: one 128-byte swizzle period of
-    // 16-bit rows (1024 bytes a box), so a box of any group starts on the swizzle pattern.
-    static constexpr int kGroupRows = 8;
-    static constexpr int kGroups = S::kWgmmaM / kGroupRows;  // of a consumer's 64 rows
-    static constexpr int kBoxesPerGroup = S::kBlockN / kTmaBoxElems;
-    static constexpr u32 kBoxBytes = kGroupRows * kSwizzleBytes;
-    static constexpr u32 kGroupBytes = kBoxesPerGroup * kBoxBytes;
     // A consumer stages at most all of its groups (one split: it owns them all).
-    static constexpr u32 kOutBytesPerConsumer = kGroups * kGroupBytes;
+    static constexpr u32 kOutBytesPerConsumer = Groups::kCount * Groups::kBytes;
     static_assert(S::kConsumers * kOutBytesPerConsumer <= S::kStages * S::kStageBytes,
                   "the 16-bit result is staged in the operand ring");
-    static constexpr int kChunksPerGroup = kGroupRows * Partial::kChunksPerRow;
-    static_assert(kChunksPerGroup % kWarpgroupThreads == 0, "a group's chunks deal out evenly");
-    static constexpr int kChunksPerThread = kChunksPerGroup / kWarpgroupThreads;
 
     // Group `group` of the consumer's rows: the sum over the splits' partials (each at the
-    // shared::cta address `partial` of its CTA), in split order, as 16-bit values into the
-    // staging boxes at `out`. Thread t takes 16-byte chunks t, t + 128, ... of the group, row
-    // by row: a warp reads one row's 512 bytes of a partial and writes its 256 bytes of result.
-    // The fused epilogue chain is applied to each sum (rows from `row0`, columns from `n0`,
-    // batch slice z) before it is rounded: these are the tile's final values.
+    // shared::cta address `partial` of its CTA), in split order, staged at `out`
+    // (Groups::stage). A warp reads one row's 512 bytes of a partial and writes its 256 bytes
+    // of result. The fused epilogue chain is applied to each sum (rows from `row0`, columns
+    // from `n0`, batch slice z) before it is rounded: these are the tile's final values.
     __device__ __forceinline__ static void reduce_group(u32 partial, u32 out, int group,
                                                         int splits, int thread,
                                                         const EpilogueArgs& epilogue, int row0,
                                                         int n0, int z) {
 #pragma unroll
-        for (int j = 0; j < kChunksPerThread; ++j) {
-            const int chunk = thread + j * kWarpgroupThreads;
-            const int row = chunk / Partial::kChunksPerRow;  // in the group
-            const int col = (chunk % Partial::kChunksPerRow) * Partial::kChunkFloats;
-            const u32 local = partial + Partial::offset(group * kGroupRows + row, col);
+        for (int j = 0; j < Groups::kChunksPerThread; ++j) {
+            const int row = Groups::chunk_row(thread, j), col = Groups::chunk_col(thread, j);
+            const u32 local = partial + Partial::offset(group * Groups::kRows + row, col);
             float4 p[kMaxClusterSplits];
 #pragma unroll
             for (int s = 0; s < kMaxClusterSplits; ++s)  // all loads in flight at once
@@ -78,16 +66,8 @@ struct SplitKClusterEpilogue {
                     sum.w += p[s].w;
                 }
             }
-            EpilogueChain<Cfg>::apply4(epilogue, sum, row0 + group * kGroupRows + row, n0 + col,
-                                       z);
-            // Four 16-bit results: half of a 16-byte chunk of a 64-column box row.
-            const int box = col / kTmaBoxElems, in_box = col % kTmaBoxElems;
-            constexpr int kElemsPerChunk = 16 / kElemBytes;
-            const u32 addr = out + box * kBoxBytes + row * kSwizzleBytes +
-                             (((in_box / kElemsPerChunk) ^ row) * 16) +
-                             (in_box % kElemsPerChunk) * kElemBytes;
-            st_shared_u32x2(addr, TmaStoreEpilogue<Cfg>::pack(sum.x, sum.y),
-                            TmaStoreEpilogue<Cfg>::pack(sum.z, sum.w));
+            Groups::stage(sum, out, row, col, epilogue, row0 + group * Groups::kRows + row, n0,
+                          z);
         }
     }
 
@@ -112,8 +92,8 @@ struct SplitKClusterEpilogue {
 
         unsigned char* out = smem.a_tile(0) + consumer * kOutBytesPerConsumer;
         int groups = 0;
-        for (int g = rank; g < kGroups; g += splits, ++groups)
-            reduce_group(partial, smem_addr(out + groups * kGroupBytes), g, splits, thread,
+        for (int g = rank; g < Groups::kCount; g += splits, ++groups)
+            reduce_group(partial, smem_addr(out + groups * Groups::kBytes), g, splits, thread,
                          smem.epilogue, row0, n0, z);
         // Done reading the peers' partials (their values are in this CTA's staging boxes, so
         // the loads have completed): nothing to release. finish() waits.
@@ -122,16 +102,7 @@ struct SplitKClusterEpilogue {
         // Seed 004: every writing thread fences, unconditionally, before the barrier.
         fence_proxy_async_smem();
         named_barrier_sync(kBarrierEpilogueBase + consumer, kWarpgroupThreads);
-        if (thread == 0) {
-            for (int i = 0; i < groups; ++i) {
-                const int row = row0 + (rank + i * splits) * kGroupRows;
-#pragma unroll
-                for (int box = 0; box < kBoxesPerGroup; ++box)
-                    tma_store_3d(map_c, out + i * kGroupBytes + box * kBoxBytes,
-                                 n0 + box * kTmaBoxElems, row, z);
-            }
-            bulk_commit_group();
-        }
+        if (thread == 0) Groups::store(map_c, out, groups, rank, splits, row0, n0, z);
     }
 
     // Before a consumer's threads exit: the stores are complete, and every peer is done

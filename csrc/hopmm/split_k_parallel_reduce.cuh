@@ -5,12 +5,12 @@
 //      of the workspace (slot = batch slot * S + split), waits for the store to complete and
 //      arrives on the tile's counter (release);
 //   2. waits until all S splits have arrived (acquire): every partial is in the workspace;
-//   3. reduces its share of the 64 rows, the 8-row groups g = split, split + S, ...: each
-//      element the sum of the S partials in split order ((p0 + p1) + p2) + ..., read from
-//      L2, converted to 16 bits and staged in SWIZZLE_128B boxes of 64 columns x 8 rows in
-//      the consumer's epilogue memory (free again once its partial's store has completed);
-//   4. TMA-stores its groups (the C map's boxes are 64 columns x 8 rows) and departs from the
-//      counter; the last of the S departures resets it to 0 for the next launch.
+//   3. reduces its share of the 64 rows, the 8-row groups g = split, split + S, ...
+//      (ReducedGroups): each element the sum of the S partials in split order
+//      ((p0 + p1) + p2) + ..., read from L2, converted to 16 bits and staged in the consumer's
+//      epilogue memory (free again once its partial's store has completed);
+//   4. TMA-stores its groups and departs from the counter; the last of the S departures
+//      resets it to 0 for the next launch.
 // The additions are those of split_k and split_k_cluster in the same order, so the three give
 // bitwise the same result for a split count, identical from run to run.
 //
@@ -24,8 +24,8 @@
 // (atom.release.gpu); the reader acquires (ld.acquire.gpu, one thread), then a named barrier
 // hands the acquire to the warpgroup, whose loads (ld.global.cg) bypass L1.
 #pragma once
-#include "epilogue_tma_store.cuh"
 #include "partial_f32.cuh"
+#include "reduced_groups.cuh"
 #include "split_k_reduce.cuh"
 
 namespace hopmm {
@@ -42,21 +42,13 @@ struct SplitKParallelEpilogue {
     typedef PartialF32<Cfg> Partial;
     static_assert(Cfg::kSplitK, "the fp32 partial is sized by Cfg::kSplitK");
     static_assert(!Cfg::kOverlapStore, "one tile per CTA: the partial is written once");
+    typedef ReducedGroups<Cfg> Groups;
+    static constexpr int kChunksPerThread = Groups::kChunksPerThread;
 
-    // Rows of one reduced group and of one TMA store box: one 128-byte swizzle period of
-    // 16-bit rows, so a box of any group starts on the swizzle pattern.
-    static constexpr int kGroupRows = 8;
-    static constexpr int kGroups = S::kWgmmaM / kGroupRows;  // of a consumer's 64 rows
-    static constexpr int kBoxesPerGroup = S::kBlockN / kTmaBoxElems;
-    static constexpr u32 kBoxBytes = kGroupRows * kSwizzleBytes;
-    static constexpr u32 kGroupBytes = kBoxesPerGroup * kBoxBytes;
     // The groups a consumer may own (all of them with one split) are staged where its
     // partial was: that memory is free once the partial's store has completed.
-    static_assert(kGroups * kGroupBytes <= S::kCBytesPerConsumer,
+    static_assert(Groups::kCount * Groups::kBytes <= S::kCBytesPerConsumer,
                   "the 16-bit groups fit in the consumer's epilogue memory");
-    static constexpr int kChunksPerGroup = kGroupRows * Partial::kChunksPerRow;
-    static_assert(kChunksPerGroup % kWarpgroupThreads == 0, "a group's chunks deal out evenly");
-    static constexpr int kChunksPerThread = kChunksPerGroup / kWarpgroupThreads;
     // 16-byte loads a thread keeps in flight (64 registers), dealt over its chunks: the
     // partials of one batch are loaded before any is added.
     static constexpr int kLoadsInFlight = 16;
@@ -64,8 +56,7 @@ struct SplitKParallelEpilogue {
     static_assert(kLoadBatch >= 1, "at least one partial per batch");
 
     // Group `group` of the rows from `row0`: the sum over the `splits` workspace slots from
-    // `slot0` in split order, as 16-bit values into the staging boxes at `out`. Thread t takes
-    // 16-byte chunks t, t + 128, ... of the group, row by row: a warp reads 512 contiguous
+    // `slot0` in split order, staged at `out` (Groups::stage). A warp reads 512 contiguous
     // bytes of one row of a partial.
     __device__ __forceinline__ static void reduce_group(const SplitKWorkspace& ws, int slot0,
                                                         int splits, int row0, int n0, int group,
@@ -76,11 +67,9 @@ struct SplitKParallelEpilogue {
         float4 sum[kChunksPerThread];
 #pragma unroll
         for (int j = 0; j < kChunksPerThread; ++j) {
-            const int chunk = thread + j * kWarpgroupThreads;
-            const int row = group * kGroupRows + chunk / Partial::kChunksPerRow;
-            const int col = (chunk % Partial::kChunksPerRow) * Partial::kChunkFloats;
+            const int row = group * Groups::kRows + Groups::chunk_row(thread, j);
             base[j] = ws.data + slot0 * slot_floats + static_cast<size_t>(row0 + row) * ws.row_pitch +
-                      n0 + col;
+                      n0 + Groups::chunk_col(thread, j);
         }
         for (int s0 = 0; s0 < splits; s0 += kLoadBatch) {
             float4 p[kChunksPerThread][kLoadBatch];
@@ -107,20 +96,10 @@ struct SplitKParallelEpilogue {
         }
 #pragma unroll
         for (int j = 0; j < kChunksPerThread; ++j) {
-            const int chunk = thread + j * kWarpgroupThreads;
-            const int row = chunk / Partial::kChunksPerRow;  // in the group
-            const int col = (chunk % Partial::kChunksPerRow) * Partial::kChunkFloats;
             // The fused epilogue chain on the tile's final values, before the rounding.
-            EpilogueChain<Cfg>::apply4(epilogue, sum[j], row0 + group * kGroupRows + row, n0 + col,
-                                       z);
-            // Four 16-bit results: half of a 16-byte chunk of a 64-column box row.
-            const int box = col / kTmaBoxElems, in_box = col % kTmaBoxElems;
-            constexpr int kElemsPerChunk = 16 / kElemBytes;
-            const u32 addr = out + box * kBoxBytes + row * kSwizzleBytes +
-                             (((in_box / kElemsPerChunk) ^ row) * 16) +
-                             (in_box % kElemsPerChunk) * kElemBytes;
-            st_shared_u32x2(addr, TmaStoreEpilogue<Cfg>::pack(sum[j].x, sum[j].y),
-                            TmaStoreEpilogue<Cfg>::pack(sum[j].z, sum[j].w));
+            const int row = Groups::chunk_row(thread, j);  // in the group
+            Groups::stage(sum[j], out, row, Groups::chunk_col(thread, j), epilogue,
+                          row0 + group * Groups::kRows + row, n0, z);
         }
     }
 
@@ -160,22 +139,15 @@ struct SplitKParallelEpilogue {
 
         // 3. This split's groups, staged where the partial was.
         int groups = 0;
-        for (int g = split; g < kGroups; g += splits, ++groups)
-            reduce_group(ws, slot0, splits, row0, n0, g, smem_addr(tile + groups * kGroupBytes),
+        for (int g = split; g < Groups::kCount; g += splits, ++groups)
+            reduce_group(ws, slot0, splits, row0, n0, g, smem_addr(tile + groups * Groups::kBytes),
                          thread, smem.epilogue, z);
 
         // 4. Seed 004 again, then one thread stores the groups and departs.
         fence_proxy_async_smem();
         named_barrier_sync(barrier, kWarpgroupThreads);
         if (thread == 0) {
-            for (int i = 0; i < groups; ++i) {
-                const int row = row0 + (split + i * splits) * kGroupRows;
-#pragma unroll
-                for (int box = 0; box < kBoxesPerGroup; ++box)
-                    tma_store_3d(map_c, tile + i * kGroupBytes + box * kBoxBytes,
-                                 n0 + box * kTmaBoxElems, row, z);
-            }
-            bulk_commit_group();
+            Groups::store(map_c, tile, groups, split, splits, row0, n0, z);
             // The workspace reads of this consumer are done (their values are staged): the
             // last of the S departures leaves the counter at zero for the next launch.
             if (atomic_add_relaxed_gpu(counter, 1) == 2 * static_cast<u32>(splits) - 1)
