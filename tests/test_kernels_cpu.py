@@ -136,7 +136,7 @@ def test_cluster_reduction_structure():
     order = [body.index(x) for x in ("Partial::stage(", "cluster_arrive();", "cluster_wait();",
                                      "reduce_group(", "cluster_arrive_relaxed();",
                                      "fence_proxy_async_smem();", "named_barrier_sync(",
-                                     "tma_store_3d(")]
+                                     "Groups::store(")]   # ReducedGroups: the TMA stores
     assert order == sorted(order)
     assert body.count("cluster_arrive();") == 1
     fence = body.index("fence_proxy_async_smem();")
