@@ -2363,9 +2363,11 @@ def stream_k_choices(problem: Problem, device: DeviceInfo,
                 continue
             lanes = StreamKSchedule.lanes(problem, cfg, group)
             us = stream_k_us(problem, cfg, group, ctas, device)
-            kind = ("columns" if StreamKSchedule.lanes_are_columns(problem, cfg, group)
-                    else "rows")
-            why = (f"stream-K: {lanes} lanes ({kind} of {cfg.block_m}x{cfg.block_n} tiles) of "
+            columns = StreamKSchedule.lanes_are_columns(problem, cfg, group)
+            kind = (("columns" if columns else "rows") if lanes > 1
+                    else ("the column" if columns else "the row"))
+            why = (f"stream-K: {lanes} lane{'s' if lanes > 1 else ''} ({kind} of "
+                   f"{cfg.block_m}x{cfg.block_n} tiles) of "
                    f"{ctas // lanes} CTAs each, every CTA multiplying an equal share of its "
                    f"lane's k-blocks; predicted {us:.1f} us; {cfg.stages} stages fit in "
                    f"{device.smem_per_block_optin} B of shared memory")
