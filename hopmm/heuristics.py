@@ -2302,7 +2302,7 @@ STREAM_K_WIDE_BLOCK_NS = tuple(n for n in StreamKSchedule.block_ns if n != NARRO
 # displaces a narrow pick of such rows where its model is below the pick's charged that cost,
 # over main loops of at least NARROW_STREAM_K_MIN_K_BLOCKS (those products' shortest: 14-16
 # k-blocks). Not on rows of whole sectors: there stream-K ran 0.73-1.16 x the pick (32-96
-# bytes), 0.64-0.99 x on whole lines.
+# bytes), 0.64-0.99 x on whole lines, as B's aligned copies' rows are (launch.line_copy).
 NARROW_B_MID_SECTOR_COST = 0.6
 NARROW_STREAM_K_MIN_K_BLOCKS = 16
 
@@ -2440,19 +2440,20 @@ def _sub_wave_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
 
 
 def _b_row_bytes(problem: Problem) -> int:
-    """The bytes of an N-major B's rows as TMA reads them: whole 16-byte chunks, in place or
-    from an aligned copy."""
+    """The bytes of an N-major B's rows in whole 16-byte chunks, as TMA reads them in place."""
     return padded(problem.n, ELEM_BYTES) * ELEM_BYTES
 
 
 def narrow_b_mid_sector_cost(problem: Problem) -> float:
     """The narrow tile's cost (a fraction of its model's time) of B's rows (the rule above):
-    NARROW_B_MID_SECTOR_COST x half a sector over the pitch where N-major rows
-    (_b_row_bytes) are a sector or longer, under a line and start mid-sector; else 0."""
+    NARROW_B_MID_SECTOR_COST x half a sector over the pitch where an N-major B is read at a
+    pitch of part lines (not b_pitch_aligned: in place, not from a copy of whole lines) and its
+    rows (_b_row_bytes) are a sector or longer, under a line and start mid-sector; else 0."""
+    if not problem.trans_b or problem.b_pitch_aligned:
+        return 0.0
     pitch = _b_row_bytes(problem)
     half_sector = SECTOR_BYTES // 2
-    if not (problem.trans_b and SECTOR_BYTES <= pitch < LINE_BYTES
-            and pitch % SECTOR_BYTES == half_sector):
+    if not (SECTOR_BYTES <= pitch < LINE_BYTES and pitch % SECTOR_BYTES == half_sector):
         return 0.0
     return NARROW_B_MID_SECTOR_COST * half_sector / pitch
 
@@ -2479,8 +2480,8 @@ def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choi
         return None
     return replace(stream, reason=(
         f"stream-K on the narrow tile, whose CTAs read B at different k-blocks, instead of "
-        f"{label(pick)}: B's rows of {_b_row_bytes(problem)} bytes start mid-sector, and that tile's CTAs, "
-        f"which read each k-block of B at once, run ~{cost:.0%} past its model's "
+        f"{label(pick)}: B's rows of {_b_row_bytes(problem)} bytes start mid-sector, and that "
+        f"tile's CTAs, which read each k-block of B at once, run ~{cost:.0%} past its model's "
         f"{pick_us:.1f} us; {stream.reason}"), instead=pick)
 
 

@@ -16,12 +16,12 @@ NARROW = "128x64"
 
 
 # (m, n, k, schedule the heuristic takes): unsplit where the main loop is too short for a
-# split to pay, split where the few tiles' long main loops set the pace; 31 columns (62-byte
+# split to pay, split where the few tiles' long main loops set the pace; 17 columns (34-byte
 # rows: stored by rows), K of one partial k-block. Each takes the same schedule and tile
 # whatever the device's DRAM bandwidth, from 0.6 to 1.6 x the H100's (heuristics.dram_scale).
 CASES = {
     "unsplit": (5056, 64, 1504, "persistent"),
-    "unsplit_odd_rows": (6001, 31, 1504, "persistent"),
+    "unsplit_odd_rows": (6001, 17, 1504, "persistent"),
     "unsplit_short_k": (9000, 48, 40, "persistent"),
     "split": (2752, 64, 16192, "split_k_cluster"),
     "split_odd": (1664, 37, 22339, "split_k_cluster"),

@@ -33,6 +33,12 @@ def problem(m, n, k, batch=1, dtype="bfloat16"):
     return Problem(m, n, k, batch, dtype, "k", "n")
 
 
+def in_place(m, n, k):
+    """problem() with B's rows read where they lie: lines of whole cache lines only where N
+    fills them (b_pitch_aligned), as kernel_operands describes a contiguous B."""
+    return replace(problem(m, n, k), b_pitch_aligned=n * 2 % LINE_BYTES == 0)
+
+
 def config(width, p):
     return SK.deepest(p.dtype, width, p.trans_a, p.trans_b, H100_SXM.smem_per_block_optin)
 
@@ -228,11 +234,11 @@ def test_wait_on_stages_counts_only_for_a():
 
 @pytest.mark.parametrize("device", [H100_SXM, H200], ids=["H100", "H200"])
 def test_stream_k_taken_only_where_its_rule_holds(device):
-    """Wherever the heuristic takes stream-K unforced (the narrow tile's rule apart): a
-    sub-wave grid of 128-row tiles before,
-    a long main loop, the lanes' own operand in L2, at most STREAM_K_MAX_CTAS_PER_TILE CTAs a
-    tile, and its model no slower than the pick's time: the wave model's or a split's, or the
-    wait on its stages of A where that is longer (restated from the reason)."""
+    """Wherever the heuristic takes stream-K unforced on B of whole-line rows: a sub-wave grid
+    of 128-row tiles before, a long main loop, the lanes' own operand in L2, at most
+    STREAM_K_MAX_CTAS_PER_TILE CTAs a tile, and its model no slower than the pick's time: the
+    wave model's or a split's, or the wait on its stages of A where that is longer (restated
+    from the reason)."""
     rng = random.Random(7)
     taken = 0
     for _ in range(3000):
@@ -244,14 +250,9 @@ def test_stream_k_taken_only_where_its_rule_holds(device):
             continue
         taken += 1
         k_blocks = heuristics._k_blocks(p)
-        if "stream-K on the narrow tile" in c.reason:   # _narrow_stream_k's own rule
-            pick = c.instead
-            assert (pick.config.block_n, c.config.block_n) == (64, 64) and p.n <= 64
-            assert k_blocks >= heuristics.NARROW_STREAM_K_MIN_K_BLOCKS
-            cost = heuristics.narrow_b_mid_sector_cost(p)
-            assert heuristics._choice_us(c, p, device) <= \
-                heuristics._rival_us(pick, p, device) * (1 + cost)
-            continue
+        # B's lines are whole cache lines here (problem()): the narrow tile's rule, for rows
+        # that start mid-sector, never takes stream-K (its own tests follow).
+        assert "stream-K on the narrow tile" not in c.reason
         assert k_blocks >= heuristics.STREAM_K_OWN_TILE_MIN_K_BLOCKS
         short = k_blocks < heuristics.STREAM_K_MIN_K_BLOCKS
         if short:
@@ -319,7 +320,7 @@ def test_store_bound_problems(m, n, k, tile):
     whatever B's alignment; the 128-row width of fewer tile bytes per SM over whole waves, or
     the 64 x 256 tile for results of at least STORE_BOUND_SHORT_MIN_BYTES in rows of at least
     STORE_BOUND_SHORT_MIN_N columns at one k-block; no tail."""
-    p = replace(problem(m, n, k), b_pitch_aligned=n * 2 % LINE_BYTES == 0)
+    p = in_place(m, n, k)
     c = heuristics.choose(p, H100_SXM)
     assert c.schedule is PersistentSchedule and c.tail is None and c.splits == 1
     assert (c.config.block_m, c.config.block_n) == tile
@@ -415,10 +416,13 @@ def test_short_loop_refuses_a_wider_stream_k_tile():
     (8, 0.0),                            # under a sector: the line copy's rule instead
 ])
 def test_narrow_b_mid_sector_cost(columns, cost):
-    p = problem(20000, columns, 4096)
+    p = in_place(20000, columns, 4096)
     assert heuristics.narrow_b_mid_sector_cost(p) == pytest.approx(cost)
     k_major = Problem(20000, columns, 4096, 1, "bfloat16", "k", "k")
     assert heuristics.narrow_b_mid_sector_cost(k_major) == 0.0
+    # read from a copy of whole lines (launch.line_copy: B's aligned copies), no row starts
+    # mid-sector
+    assert heuristics.narrow_b_mid_sector_cost(replace(p, b_pitch_aligned=True)) == 0.0
 
 
 @pytest.mark.parametrize("device", [H100_SXM_CLUSTERS, H200], ids=["H100", "H200"])
@@ -427,20 +431,23 @@ def test_narrow_b_mid_sector_cost(columns, cost):
 def test_narrow_products_of_mid_sector_rows_take_stream_k_on_the_narrow_tile(m, n, k, device):
     """Tall products of 24 or 40 columns whose narrow pick (persistent, or split_k_cluster over
     few tiles) its model charges for B's rows: stream-K on the narrow tile, one lane of every
-    SM, keeping the pick it displaced (phaseable) and saying why."""
-    p = problem(m, n, k)
+    SM, keeping the pick it displaced (phaseable) and saying why; from a copy of whole lines,
+    the narrow pick."""
+    p = in_place(m, n, k)
     c = heuristics.choose(p, device)
     assert c.schedule is SK and (c.config.block_m, c.config.block_n) == (128, 64), c.reason
     assert c.splits == device.sm_count and SK.lanes(p, c.config, c.raster_group) == 1
     assert "start mid-sector" in c.reason and "stream-K on the narrow tile" in c.reason
     assert c.instead is not None and c.instead.config.block_n == 64
     assert heuristics.phaseable(c) is c.instead
+    copied = heuristics.choose(replace(p, b_pitch_aligned=True), device)
+    assert copied.schedule is not SK and copied.config.block_n == 64
 
 
 def test_the_narrow_rule_weighs_the_models():
     """Uncharged (rows of whole lines), the narrow pick stays where stream-K's model is slower;
     charging the pick moves the same product; K-major B and a forced schedule are left alone."""
-    p = problem(11840, 24, 5376)
+    p = in_place(11840, 24, 5376)
     pick = heuristics._choose_one(p, H200, None, False, False)
     stream, = [c for c in heuristics.stream_k_choices(p, H200, (128, 64))
                if SK.lanes(p, c.config, c.raster_group) == 1]
@@ -466,7 +473,7 @@ def test_wide_picks_and_sub_wave_rules_never_offer_the_narrow_tile():
 def test_the_narrow_rule_needs_a_main_loop():
     """Under NARROW_STREAM_K_MIN_K_BLOCKS k-blocks (not measured) the narrow pick stays."""
     k = (heuristics.NARROW_STREAM_K_MIN_K_BLOCKS - 1) * 64
-    p = problem(29504, 24, k)
+    p = in_place(29504, 24, k)
     pick = heuristics._choose_one(p, H200, None, False, False)
     assert heuristics._narrow_stream_k(pick, p, H200) is None
     assert heuristics._narrow_stream_k(pick, replace(p, k=k + 64), H200) is not None
