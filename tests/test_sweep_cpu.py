@@ -53,25 +53,35 @@ def test_even_indices_are_multiples_of_64_and_dtypes_cycle_every_two(seed):
     assert {s.dtype for s in shapes if s.rounded} == {s.dtype for s in odd} == set(DTYPES)
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_decode_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
-    shapes = sweep_shapes.draw_decode_shapes(seed, 0, len(INDICES), DTYPES)
-    assert sweep_shapes.draw_decode_shapes(seed, 30, 10, DTYPES) == shapes[30:40]
+def drawn(draw_shapes, draw_shape, seed, long_sides):
+    """The first len(INDICES) shapes of a decode-like draw (`draw_shapes`, `draw_shape` one at a
+    time), checked for what those draws share: a shape depends on its seed and index only,
+    its two long sides (`long_sides(shape)`) lie in [DECODE_DRAW_DIM_MIN, DIM_MAX] and are
+    multiples of 64 on even indices, pairs of indices take the dtypes in turn, another seed
+    draws other shapes, and no dtypes is an error."""
+    shapes = draw_shapes(seed, 0, len(INDICES), DTYPES)
+    assert draw_shapes(seed, 30, 10, DTYPES) == shapes[30:40]
     for s in shapes:
-        assert 1 <= s.m <= sweep_shapes.DECODE_DRAW_ROWS, s
         assert all(sweep_shapes.DECODE_DRAW_DIM_MIN <= x <= sweep_shapes.DIM_MAX
-                   for x in (s.n, s.k)), s
+                   for x in long_sides(s)), s
         assert s.rounded == (s.index % 2 == 0) and s.dtype == DTYPES[(s.index // 2) % 2]
         if s.rounded:
-            assert s.n % 64 == 0 and s.k % 64 == 0, s
+            assert all(x % 64 == 0 for x in long_sides(s)), s
+    other = draw_shapes(seed + 1, 0, len(INDICES), DTYPES)
+    assert [s.label for s in shapes] != [s.label for s in other]
+    with pytest.raises(ValueError, match="dtype"):
+        draw_shape(seed, 0, [])
+    return shapes
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_decode_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
+    shapes = drawn(sweep_shapes.draw_decode_shapes, sweep_shapes.draw_decode_shape, seed,
+                   lambda s: (s.n, s.k))
+    assert all(1 <= s.m <= sweep_shapes.DECODE_DRAW_ROWS for s in shapes)
     # the rows spread over 1-16 (log-uniform: one row and sixteen both drawn)
     assert {1, sweep_shapes.DECODE_DRAW_ROWS} <= {s.m for s in shapes}
     assert len({s.m for s in shapes}) >= 12
-    assert [s.label for s in shapes] != [s.label for s in
-                                         sweep_shapes.draw_decode_shapes(seed + 1, 0, len(INDICES),
-                                                                         DTYPES)]
-    with pytest.raises(ValueError, match="dtype"):
-        sweep_shapes.draw_decode_shape(seed, 0, [])
 
 
 @pytest.mark.parametrize("seed", SEEDS)
@@ -85,47 +95,29 @@ def test_columns_draws_are_the_decode_draws_transposed(seed):
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_narrow_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
-    shapes = sweep_shapes.draw_narrow_shapes(seed, 0, len(INDICES), DTYPES)
-    assert sweep_shapes.draw_narrow_shapes(seed, 30, 10, DTYPES) == shapes[30:40]
+    shapes = drawn(sweep_shapes.draw_narrow_shapes, sweep_shapes.draw_narrow_shape, seed,
+                   lambda s: (s.m, s.k))
     step, widest = sweep_shapes.NARROW_DRAW_COLUMN_STEP, sweep_shapes.NARROW_DRAW_MAX_COLUMNS
-    for s in shapes:
-        assert s.n % step == 0 and step <= s.n <= widest, s
-        assert all(sweep_shapes.DECODE_DRAW_DIM_MIN <= x <= sweep_shapes.DIM_MAX
-                   for x in (s.m, s.k)), s
-        assert s.rounded == (s.index % 2 == 0) and s.dtype == DTYPES[(s.index // 2) % 2]
-        if s.rounded:
-            assert s.m % 64 == 0 and s.k % 64 == 0, s
+    assert all(s.n % step == 0 and step <= s.n <= widest for s in shapes)
     assert {s.n for s in shapes} == set(range(step, widest + 1, step))   # every width drawn
-    assert [s.label for s in shapes] != [s.label for s in
-                                         sweep_shapes.draw_narrow_shapes(seed + 1, 0,
-                                                                         len(INDICES), DTYPES)]
-    with pytest.raises(ValueError, match="dtype"):
-        sweep_shapes.draw_narrow_shape(seed, 0, [])
+
+
+def _few_rows_sides(s):
+    """(short, long) of a few-row shape: rows on indices 0, 1 mod 4, columns on 2, 3."""
+    return (s.m, s.n) if s.index % 4 < 2 else (s.n, s.m)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_few_rows_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
-    shapes = sweep_shapes.draw_few_rows_shapes(seed, 0, len(INDICES), DTYPES)
-    assert sweep_shapes.draw_few_rows_shapes(seed, 30, 10, DTYPES) == shapes[30:40]
+    shapes = drawn(sweep_shapes.draw_few_rows_shapes, sweep_shapes.draw_few_rows_shape, seed,
+                   lambda s: (_few_rows_sides(s)[1], s.k))
     low, high = sweep_shapes.FEW_ROWS_DRAW_MIN, sweep_shapes.FEW_ROWS_DRAW_MAX
-    for s in shapes:
-        short, long = (s.m, s.n) if s.index % 4 < 2 else (s.n, s.m)
-        assert low <= short <= high, s
-        assert all(sweep_shapes.DECODE_DRAW_DIM_MIN <= x <= sweep_shapes.DIM_MAX
-                   for x in (long, s.k)), s
-        assert s.rounded == (s.index % 2 == 0) and s.dtype == DTYPES[(s.index // 2) % 2]
-        if s.rounded:
-            assert long % 64 == 0 and s.k % 64 == 0, s
+    assert all(low <= _few_rows_sides(s)[0] <= high for s in shapes)
     shorts = {min(s.m, s.n) for s in shapes}
     # log-uniform over 17-64 (the rounded ends drawn half as often as the rest)
     assert min(shorts) <= low + 2 and max(shorts) >= high - 8 and len(shorts) >= 30
     unaligned = [s for s in shapes if not s.rounded and (s.k % 8 or s.n % 8)]
     assert len(unaligned) >= len(shapes) // 4   # rows TMA cannot read in place are drawn
-    assert [s.label for s in shapes] != [s.label for s in
-                                         sweep_shapes.draw_few_rows_shapes(seed + 1, 0,
-                                                                           len(INDICES), DTYPES)]
-    with pytest.raises(ValueError, match="dtype"):
-        sweep_shapes.draw_few_rows_shape(seed, 0, [])
 
 
 def test_the_generator_refuses_what_it_cannot_draw():
