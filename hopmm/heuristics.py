@@ -913,7 +913,10 @@ def narrow_b_copy_reason(problem: Problem, b_pitch_bytes: int,
     if not (p.trans_b and _narrow(p) and b_pitch_bytes < SECTOR_BYTES):
         return None
     aligned = replace(p, b_pitch_aligned=True)
+    # Weighed on the narrow pick itself, as measured, not on the stream-K that may displace
+    # it there (_whole_line_narrow_stream_k).
     choice = choose(aligned, device)
+    choice = choice.instead or choice
     if (choice.schedule is GemvSchedule or choice.config.block_n != NARROW_BLOCK_N
             or choice.config.trans_c):   # measured on the narrow tile of the product only
         return None
@@ -1632,7 +1635,8 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
         return choice
     rival = (wave_tail_choice(choice, problem, device, epilogue, epilogue_reads)
              or _sub_wave_stream_k(choice, problem, device))
-    rival = _narrow_stream_k(rival or choice, problem, device) or rival
+    rival = (_narrow_stream_k(rival or choice, problem, device)
+             or _whole_line_narrow_stream_k(rival or choice, problem, device) or rival)
     transposed = None if epilogue else _transposed_choice(choice, problem, device)
     if transposed is None:
         return rival or choice
@@ -2305,6 +2309,17 @@ STREAM_K_WIDE_BLOCK_NS = tuple(n for n in StreamKSchedule.block_ns if n != NARRO
 # bytes), 0.64-0.99 x on whole lines, as B's aligned copies' rows are (launch.line_copy).
 NARROW_B_MID_SECTOR_COST = 0.6
 NARROW_STREAM_K_MIN_K_BLOCKS = 16
+# On B rows of whole lines (N-major, 128 bytes: as B's copies' rows are too), a narrow pick over
+# more than one wave with no tail to fill its last wave (wave_tail_choice takes none on N <=
+# GEMV_MAX_M, and none where the model sees no gain) gives way to stream-K on the narrow tile,
+# in whichever lanes its model puts fastest, where that model is below the pick's: stream-K
+# spreads the partial wave over every SM. On draws not looked at, 8 products whose B is a line
+# copy of 8 columns ran 1.14-1.36 x the pick, 6 of 64 columns in place 0.92-1.11 x (geomean
+# 1.01; NOTES v0.62). split_k_cluster's model on the narrow tile ran 1.32-1.36 x optimistic on
+# v0.62's probe (1.18 on the H100's sweeps, 1.22 on the H200's), so that pick is charged
+# CLUSTER_NARROW_MODEL_ERROR. From main loops of WHOLE_LINE_STREAM_K_MIN_K_BLOCKS k-blocks.
+CLUSTER_NARROW_MODEL_ERROR = 1.2
+WHOLE_LINE_STREAM_K_MIN_K_BLOCKS = 16
 
 
 def stream_k_us(problem: Problem, cfg: KernelConfig, group: int, ctas: int,
@@ -2483,6 +2498,34 @@ def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choi
         f"{label(pick)}: B's rows of {_b_row_bytes(problem)} bytes start mid-sector, and that "
         f"tile's CTAs, which read each k-block of B at once, run ~{cost:.0%} past its model's "
         f"{pick_us:.1f} us; {stream.reason}"), instead=pick)
+
+
+def _whole_line_narrow_stream_k(pick: Choice, problem: Problem,
+                                device: DeviceInfo) -> Choice | None:
+    """Stream-K on the narrow tile, in the lanes its model puts fastest, instead of `pick` (an
+    unforced narrow-tile choice, as for _narrow_stream_k) where B's rows are whole lines and the
+    rule above takes it; else None."""
+    cfg = pick.config
+    if (pick.schedule not in STREAM_K_DISPLACES or cfg.trans_c
+            or (cfg.block_m, cfg.block_n) != (BLOCK_M, NARROW_BLOCK_N)
+            or not (problem.trans_b and problem.b_pitch_aligned)
+            or _k_blocks(problem) < WHOLE_LINE_STREAM_K_MIN_K_BLOCKS
+            or pick.tail is not None
+            or _tiles(problem, cfg.block_m, cfg.block_n) <= device.sm_count):
+        return None
+    stream = min(stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N)),
+                 key=lambda c: _choice_us(c, problem, device), default=None)
+    pick_us = _rival_us(pick, problem, device)
+    if stream is None or pick_us is None:
+        return None
+    charged = pick_us * (CLUSTER_NARROW_MODEL_ERROR if pick.schedule is SplitKClusterSchedule
+                         else 1.0)
+    if _choice_us(stream, problem, device) > charged:
+        return None
+    return replace(stream, reason=(
+        f"stream-K on the narrow tile instead of {label(pick)} ({charged:.1f} us by its model"
+        + (f" x {CLUSTER_NARROW_MODEL_ERROR}, its error on this tile"
+           if charged != pick_us else "") + f"); {stream.reason}"), instead=pick)
 
 
 def _stream_wait_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:

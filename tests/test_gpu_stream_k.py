@@ -3,8 +3,9 @@ NaN-poisoned outputs with spare rows below: every tile width, lanes by rows and 
 tiles, every layout, K not a multiple of 64 or below one k-block, one row or one column,
 sliced and transposed operands, batches, the row store, fused epilogues, out = c, bitwise
 repeats and new operands through the remembered launches; and the heuristic's own choice of it
-for sub-wave grids over a long K and for tall products of B rows that start mid-sector on the
-narrow tile (its rules: tests/test_stream_k_cpu.py), plain and fused.
+for sub-wave grids over a long K, for tall products of B rows that start mid-sector on the
+narrow tile, and for those over more than a wave on B rows of whole lines (its rules:
+tests/test_stream_k_cpu.py), plain and fused.
 Skips without a Hopper GPU."""
 import pytest
 
@@ -176,3 +177,17 @@ def test_narrow_stream_k_fused_into_c():
     m, n, k, dtype = NARROW[0]
     text = check_fused_into_c(*operands(m, n, k, dtype), "rows", dtype)
     assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text
+
+
+# Tall products over more than a wave on B rows of whole lines whose narrow pick has no tail
+# (its rule: tests/test_stream_k_cpu.py): 64 columns in place, and 8 columns read from B's line
+# copy (whose rows are whole lines).
+WHOLE_LINES = [(17088, 64, 2048, "float16"), (20096, 64, 2432, "bfloat16"),
+               (21440, 8, 2496, "bfloat16")]
+
+
+@pytest.mark.parametrize("m,n,k,dtype", WHOLE_LINES)
+@pytest.mark.parametrize("layout", ["NN", "TN"])
+def test_whole_line_narrow_products_take_stream_k(m, n, k, dtype, layout):
+    check_call(m, n, k, dtype, *LAYOUTS[layout], "schedule: stream_k\n",
+               "stream-K on the narrow tile instead of")

@@ -432,7 +432,7 @@ def test_narrow_products_of_mid_sector_rows_take_stream_k_on_the_narrow_tile(m, 
     """Tall products of 24 or 40 columns whose narrow pick (persistent, or split_k_cluster over
     few tiles) its model charges for B's rows: stream-K on the narrow tile, one lane of every
     SM, keeping the pick it displaced (phaseable) and saying why; from a copy of whole lines,
-    the narrow pick."""
+    not that rule: the narrow pick, or over more than a wave, the whole-line rule's stream-K."""
     p = in_place(m, n, k)
     c = heuristics.choose(p, device)
     assert c.schedule is SK and (c.config.block_m, c.config.block_n) == (128, 64), c.reason
@@ -441,7 +441,10 @@ def test_narrow_products_of_mid_sector_rows_take_stream_k_on_the_narrow_tile(m, 
     assert c.instead is not None and c.instead.config.block_n == 64
     assert heuristics.phaseable(c) is c.instead
     copied = heuristics.choose(replace(p, b_pitch_aligned=True), device)
-    assert copied.schedule is not SK and copied.config.block_n == 64
+    assert copied.config.block_n == 64 and "start mid-sector" not in copied.reason
+    waves = -(-m // 128) / device.sm_count
+    assert copied.schedule is not SK or (waves > 1 and copied.reason.startswith(
+        "stream-K on the narrow tile instead of"))
 
 
 def test_the_narrow_rule_weighs_the_models():
@@ -477,3 +480,65 @@ def test_the_narrow_rule_needs_a_main_loop():
     pick = heuristics._choose_one(p, H200, None, False, False)
     assert heuristics._narrow_stream_k(pick, p, H200) is None
     assert heuristics._narrow_stream_k(pick, replace(p, k=k + 64), H200) is not None
+
+
+# ---- the narrow tile over whole lines (heuristics._whole_line_narrow_stream_k) --------------
+
+def whole_line_pick(m, k, device=H200):
+    p = in_place(m, 64, k)
+    assert p.b_pitch_aligned and heuristics.narrow_b_mid_sector_cost(p) == 0.0
+    return p, heuristics._choose_one(p, device, None, False, False)
+
+
+@pytest.mark.parametrize("device", [H100_SXM_CLUSTERS, H200], ids=["H100", "H200"])
+def test_whole_lines_over_a_partial_last_wave_take_stream_k(device):
+    """A narrow pick of 64 columns over more than a wave without a tail, whose model stream-K
+    beats: stream-K on the narrow tile, keeping the pick it displaced and saying why."""
+    p, pick = whole_line_pick(17088, 2048, device)
+    assert pick.tail is None and -(-p.m // 128) > device.sm_count
+    c = heuristics._whole_line_narrow_stream_k(pick, p, device)
+    assert c is not None and c.schedule is SK and c.config.block_n == 64
+    assert c.instead is pick and heuristics.phaseable(c) is pick
+    assert heuristics._choice_us(c, p, device) <= heuristics._choice_us(pick, p, device)
+    assert c.reason.startswith(f"stream-K on the narrow tile instead of {heuristics.label(pick)}")
+    assert heuristics.choose(p, device).schedule is SK
+
+
+def test_the_whole_line_rule_leaves_alone():
+    """A sub-wave grid, a short main loop, a pick with a tail, rows of part lines, a K-major B
+    and a transposed pick: the pick stays."""
+    p, pick = whole_line_pick(24384, 16704)
+    rule = heuristics._whole_line_narrow_stream_k
+    assert rule(pick, replace(p, m=132 * 128), H200) is None                  # one wave
+    k = (heuristics.WHOLE_LINE_STREAM_K_MIN_K_BLOCKS - 1) * 64
+    assert rule(pick, replace(p, k=k), H200) is None
+    tail = heuristics.Tail("m", 128 * 132, pick, pick)
+    assert rule(replace(pick, tail=tail), p, H200) is None
+    assert rule(pick, replace(p, b_pitch_aligned=False), H200) is None
+    assert rule(pick, replace(p, b_major="k"), H200) is None
+    assert rule(replace(pick, config=replace(pick.config, trans_c=True)), p, H200) is None
+
+
+def test_the_whole_line_rule_charges_split_k_cluster_its_error(monkeypatch):
+    """split_k_cluster's narrow pick is weighed at CLUSTER_NARROW_MODEL_ERROR x its model."""
+    p, _ = whole_line_pick(17024, 29376)
+    pick = heuristics.choose(p, H200, "split_k_cluster")
+    assert pick.config.block_n == 64 and pick.splits >= 2
+    stream_us = min(heuristics._choice_us(c, p, H200)
+                    for c in heuristics.stream_k_choices(p, H200, (128, 64)))
+    ratio = stream_us / heuristics._choice_us(pick, p, H200)
+    monkeypatch.setattr(heuristics, "CLUSTER_NARROW_MODEL_ERROR", ratio * 0.99)
+    assert heuristics._whole_line_narrow_stream_k(pick, p, H200) is None
+    monkeypatch.setattr(heuristics, "CLUSTER_NARROW_MODEL_ERROR", ratio * 1.01)
+    taken = heuristics._whole_line_narrow_stream_k(pick, p, H200)
+    assert taken is not None and "its error on this tile" in taken.reason
+
+
+def test_a_line_copy_is_weighed_on_the_narrow_pick():
+    """The line copy of B's rows under a sector (narrow_b_copy_reason) is weighed on the narrow
+    pick's own time, not on the stream-K the copy then runs (over more than a wave)."""
+    p = in_place(21440, 8, 2496)
+    reason = heuristics.narrow_b_copy_reason(p, 16, H200)
+    assert reason is not None and "read from a copy of whole 128-byte lines" in reason
+    copied = heuristics.choose(replace(p, b_pitch_aligned=True), H200)
+    assert copied.schedule is SK and copied.instead is not None
