@@ -1,0 +1,108 @@
+#!/usr/bin/env python3
+"""A probe, not part of hopmm: tall products of few columns, the heuristic's pick (through
+hopmm.matmul) against stream-K on the 128 x 64 tile in each lane choice it offers
+(heuristics.stream_k_choices), with each one's model, and cuBLAS beside (bench/NOTES.md v0.62).
+
+    python bench/probes/tall_narrow_stream_k.py OUT.json MxNxKxDTYPE ...   (DTYPE bf16 or fp16)
+
+Row-major operands, three input sets, interleaved rounds, medians; every contestant's result is
+checked against an fp32 cupy.matmul first.
+"""
+import json
+import sys
+
+import cupy
+
+import hopmm
+from hopmm import heuristics, launch, layout, operands
+from hopmm.device import query
+from hopmm.schedules import BLOCK_M, NARROW_BLOCK_N, StreamKSchedule
+from hopmm.timing import interleaved_medians
+
+INPUT_SETS = 3
+ROUNDS = 5
+WARMUP_S = 0.2
+MAX_REL_ERR = 2e-2
+DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def cupy_dtype(name):
+    try:
+        return cupy.dtype(name)
+    except TypeError:  # known by name only once ml_dtypes registered it
+        import ml_dtypes
+        return cupy.dtype(getattr(ml_dtypes, name))
+
+
+def stream_k_runs(a, b, c, device) -> dict:
+    """{name: (run(i), model us)} for each stream-K choice on the narrow tile."""
+    shapes = layout.matmul_shapes(a[0].shape, b[0].shape)
+    calls = [operands.kernel_operands(a[i], b[i], shapes) for i in range(INPUT_SETS)]
+    problem = calls[0].problem
+    c3 = c[None]
+    out = {}
+    for choice in heuristics.stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N)):
+        lanes = StreamKSchedule.lanes(problem, choice.config, choice.raster_group)
+        runs = [launch.build_launches(choice, problem, cl.a3, cl.a_map, cl.b3, cl.b_map, c3)
+                for cl in calls]
+
+        def run(i, runs=runs):
+            launch.launch_all(runs[i], calls[i].a3.data.ptr, calls[i].b3.data.ptr, c3.data.ptr)
+        out[f"stream_k {lanes} lanes {choice.splits} CTAs"] = (
+            run, heuristics._choice_us(choice, problem, device))
+    return out, problem
+
+
+def probe(m, n, k, dtype, device) -> dict:
+    a = [cupy.random.standard_normal((m, k), dtype=cupy.float32).astype(dtype)
+         for _ in range(INPUT_SETS)]
+    b = [cupy.random.standard_normal((k, n), dtype=cupy.float32).astype(dtype)
+         for _ in range(INPUT_SETS)]
+    c = cupy.empty((m, n), dtype)
+    ref = cupy.matmul(a[0].astype(cupy.float32), b[0].astype(cupy.float32))
+    streams, problem = stream_k_runs(a, b, c, device)
+    pick = heuristics.choose(problem, device)
+    contestants = {"pick": lambda i: hopmm.matmul(a[i], b[i], out=c)}
+    contestants.update({name: run for name, (run, _) in streams.items()})
+    errors = {}
+    for name, run in list(contestants.items()):
+        c.fill(cupy.nan)
+        run(0)
+        err = float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+        if not err < MAX_REL_ERR:   # NaN fails too
+            errors[name] = err
+            del contestants[name]
+    contestants["cupy"] = lambda i: cupy.matmul(a[i], b[i])
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None:
+        pairs = [(torch.from_dlpack(a[i]), torch.from_dlpack(b[i])) for i in range(INPUT_SETS)]
+        contestants["torch"] = lambda i: torch.matmul(*pairs[i])
+    seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
+                                  WARMUP_S)
+    return dict(shape=[m, n, k], dtype=str(dtype), pick=heuristics.label(pick),
+                pick_model_us=heuristics._choice_us(pick, problem, device),
+                models_us={name: us for name, (_, us) in streams.items()},
+                us={name: s * 1e6 for name, s in seconds.items()}, errors=errors)
+
+
+def main(argv) -> int:
+    out_path, shapes = argv[0], argv[1:]
+    device = query(cupy.cuda.Device().id)
+    rows = []
+    for text in shapes:
+        m, n, k, dt = text.split("x")
+        row = probe(int(m), int(n), int(k), cupy_dtype(DTYPES[dt]), device)
+        rows.append(row)
+        print(f"{text} pick [{row['pick']}]: " + " ".join(
+            f"{name} {us:.1f}" for name, us in sorted(row["us"].items(), key=lambda kv: kv[1]))
+            + (f" ERRORS {row['errors']}" if row["errors"] else ""), flush=True)
+        with open(out_path, "w") as f:
+            json.dump(rows, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
