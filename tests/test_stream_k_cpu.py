@@ -509,6 +509,7 @@ def test_the_whole_line_rule_leaves_alone():
     and a transposed pick: the pick stays."""
     p, pick = whole_line_pick(24384, 16704)
     rule = heuristics._whole_line_narrow_stream_k
+    assert rule(pick, p, H200) is not None                                    # as it stands
     assert rule(pick, replace(p, m=132 * 128), H200) is None                  # one wave
     k = (heuristics.WHOLE_LINE_STREAM_K_MIN_K_BLOCKS - 1) * 64
     assert rule(pick, replace(p, k=k), H200) is None
