@@ -1414,7 +1414,8 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     config with the row store where that fits; else, unless the schedule was `forced`, the
     same tile on the single-set kernel (SINGLE_SET_OF_OVERLAP); None where neither (split-K,
     gemv: the result goes through an aligned buffer). A choice with a tail keeps it where
-    both parts store their rows, else falls back to its whole choice; the choice a sub-wave
+    both parts store their rows, else falls back to its whole choice (or the stream-K that
+    displaces that on the narrow tile); the choice a sub-wave
     stream-K choice displaced stores its rows too, as does the choice a transposed choice
     displaced (which stores through TMA only)."""
     if choice.config.trans_c:   # (an autotuned one displaced none: its result is copied)
@@ -1429,7 +1430,12 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
         tail = row_store_choice(choice.tail.choice, tail_p, device, forced)
         if main is not None and tail is not None:
             return replace(main, tail=replace(choice.tail, choice=tail))
-        return row_store_choice(choice.tail.whole, problem, device, forced)
+        # Without its tail the whole choice runs a partial last wave: stream-K on the narrow
+        # tile where that rule takes it (_whole_line_narrow_stream_k).
+        whole = choice.tail.whole
+        if not forced:
+            whole = _whole_line_narrow_stream_k(whole, problem, device) or whole
+        return row_store_choice(whole, problem, device, forced)
     sched = choice.schedule
     if not sched.row_store_ok:
         return None
@@ -2311,9 +2317,9 @@ NARROW_B_MID_SECTOR_COST = 0.6
 NARROW_STREAM_K_MIN_K_BLOCKS = 16
 # On B rows of whole lines (N-major, 128 bytes: as B's copies' rows are too), a narrow pick over
 # more than one wave with no tail to fill its last wave (wave_tail_choice takes none on N <=
-# GEMV_MAX_M, and none where the model sees no gain) gives way to stream-K on the narrow tile,
-# in whichever lanes its model puts fastest, where that model is below the pick's: stream-K
-# spreads the partial wave over every SM. On draws not looked at, 8 products whose B is a line
+# GEMV_MAX_M, none where the model sees no gain, and row_store_choice drops split-K's) gives way
+# to stream-K on the narrow tile, in whichever lanes its model puts fastest, where that model is
+# below the pick's: stream-K spreads the partial wave over every SM. On draws not looked at, 8 products whose B is a line
 # copy of 8 columns ran 1.14-1.36 x the pick, 6 of 64 columns in place 0.92-1.11 x (geomean
 # 1.01; NOTES v0.62). split_k_cluster's model on the narrow tile ran 1.32-1.36 x optimistic on
 # v0.62's probe (1.18 on the H100's sweeps, 1.22 on the H200's), so that pick is charged

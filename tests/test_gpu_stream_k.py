@@ -191,3 +191,10 @@ WHOLE_LINES = [(17088, 64, 2048, "float16"), (20096, 64, 2432, "bfloat16"),
 def test_whole_line_narrow_products_take_stream_k(m, n, k, dtype, layout):
     check_call(m, n, k, dtype, *LAYOUTS[layout], "schedule: stream_k\n",
                "stream-K on the narrow tile instead of")
+
+
+def test_a_row_store_without_its_wave_tail_takes_stream_k():
+    """C rows of 60 bytes from B's copy: the wave tail (split-K, no row store) is dropped, and
+    stream-K on the narrow tile stores the rows over every SM instead of a partial last wave."""
+    check_call(17418, 30, 4096, "bfloat16", False, False, "schedule: stream_k\n",
+               "the epilogue stores the rows itself", "stream-K on the narrow tile instead of")

@@ -543,3 +543,18 @@ def test_a_line_copy_is_weighed_on_the_narrow_pick():
     assert reason is not None and "read from a copy of whole 128-byte lines" in reason
     copied = heuristics.choose(replace(p, b_pitch_aligned=True), H200)
     assert copied.schedule is SK and copied.instead is not None
+
+
+def test_a_row_store_that_drops_a_wave_tail_weighs_the_whole_line_rule():
+    """A narrow pick whose wave tail cannot store unaligned rows (split-K's) falls back to the
+    whole choice, over a partial last wave: stream-K on the narrow tile where the rule takes
+    it, both storing rows; a forced schedule keeps the whole choice."""
+    p = replace(in_place(17418, 30, 16528), b_pitch_aligned=True)   # B's copy, 60-byte C rows
+    c = heuristics.choose(p, H200)
+    assert c.tail is not None and not c.tail.choice.schedule.row_store_ok
+    stored = heuristics.row_store_choice(c, p, H200)
+    assert stored.schedule is SK and stored.config.row_store and stored.tail is None
+    assert stored.instead is not None and stored.instead.config.row_store
+    assert stored.instead.tail is None and stored.instead.schedule is PersistentSchedule
+    forced = heuristics.row_store_choice(c, p, H200, forced=True)
+    assert forced.schedule is PersistentSchedule and forced.tail is None
