@@ -913,10 +913,11 @@ def narrow_b_copy_reason(problem: Problem, b_pitch_bytes: int,
     if not (p.trans_b and _narrow(p) and b_pitch_bytes < SECTOR_BYTES):
         return None
     aligned = replace(p, b_pitch_aligned=True)
-    # Weighed on the narrow pick itself, as measured, not on the stream-K that may displace
-    # it there (_whole_line_narrow_stream_k).
     choice = choose(aligned, device)
-    choice = choice.instead or choice
+    if choice.schedule is StreamKSchedule and choice.config.block_n == NARROW_BLOCK_N:
+        # Weighed on the narrow pick itself, as measured, not on the stream-K that displaced
+        # it there (_whole_line_narrow_stream_k).
+        choice = choice.instead
     if (choice.schedule is GemvSchedule or choice.config.block_n != NARROW_BLOCK_N
             or choice.config.trans_c):   # measured on the narrow tile of the product only
         return None
@@ -1633,9 +1634,9 @@ def choose(problem: Problem, device: DeviceInfo, schedule: str | None = None,
     (bias, activation), which gemv does not apply: gemv is then never chosen, and forcing it
     is an error. `epilogue_reads`: that epilogue reads bias or c, which keeps the call off the
     overlap kernels. An unforced choice may leave the tiles past its last whole wave to a
-    second kernel (wave_tail_choice), run on stream-K (_sub_wave_stream_k, _narrow_stream_k)
-    or be computed transposed (_transposed_choice; against either of the others, the lower
-    model runs)."""
+    second kernel (wave_tail_choice), run on stream-K (_sub_wave_stream_k, _narrow_stream_k,
+    _whole_line_narrow_stream_k) or be computed transposed (_transposed_choice; against either
+    of the others, the lower model runs)."""
     choice = _choose_one(problem, device, schedule, epilogue, epilogue_reads)
     if schedule is not None:
         return choice
@@ -2264,8 +2265,9 @@ def _waves_us(units: int, workers: int, k_blocks: float, kblock_us: float, load:
 # once and is served faster. DRAM: the lanes' own operand once (it must fit L2:
 # STREAM_K_L2_BYTES), the operand they share once where it fits L2 too, else once a lane.
 # Unforced, the heuristic takes it only over sub-wave grids of 128-row tiles (_sub_wave_stream_k)
-# and on the narrow tile where B's rows start mid-sector (_narrow_stream_k): elsewhere its
-# model's picks ran 0.73-1.07 x the other choice, 8 of 10 slower (NOTES v0.32).
+# and on the narrow tile where B's rows start mid-sector (_narrow_stream_k) or a whole-line pick
+# runs a partial last wave (_whole_line_narrow_stream_k): elsewhere its model's picks ran
+# 0.73-1.07 x the other choice, 8 of 10 slower (NOTES v0.32).
 STREAM_K_KBLOCK_SCALE = 1.4
 STREAM_K_L2_TBPS = 7.0
 STREAM_K_PIECE_US = 1.0
@@ -2319,11 +2321,12 @@ NARROW_STREAM_K_MIN_K_BLOCKS = 16
 # more than one wave with no tail to fill its last wave (wave_tail_choice takes none on N <=
 # GEMV_MAX_M, none where the model sees no gain, and row_store_choice drops split-K's) gives way
 # to stream-K on the narrow tile, in whichever lanes its model puts fastest, where that model is
-# below the pick's: stream-K spreads the partial wave over every SM. On draws not looked at, 8 products whose B is a line
-# copy of 8 columns ran 1.14-1.36 x the pick, 6 of 64 columns in place 0.92-1.11 x (geomean
-# 1.01; NOTES v0.62). split_k_cluster's model on the narrow tile ran 1.32-1.36 x optimistic on
-# v0.62's probe (1.18 on the H100's sweeps, 1.22 on the H200's), so that pick is charged
-# CLUSTER_NARROW_MODEL_ERROR. From main loops of WHOLE_LINE_STREAM_K_MIN_K_BLOCKS k-blocks.
+# below the pick's: stream-K spreads the partial wave over every SM. On draws not looked at, 8
+# products whose B is a line copy of 8 columns ran 1.14-1.36 x the pick, 6 of 64 columns in
+# place 0.92-1.11 x (geomean 1.01; NOTES v0.62). split_k_cluster's model on the narrow tile
+# ran 1.32-1.36 x optimistic on v0.62's probe (1.18 on the H100's sweeps, 1.22 on the H200's),
+# so that pick is charged CLUSTER_NARROW_MODEL_ERROR. From main loops of
+# WHOLE_LINE_STREAM_K_MIN_K_BLOCKS k-blocks.
 CLUSTER_NARROW_MODEL_ERROR = 1.2
 WHOLE_LINE_STREAM_K_MIN_K_BLOCKS = 16
 
@@ -2479,26 +2482,35 @@ def narrow_b_mid_sector_cost(problem: Problem) -> float:
     return NARROW_B_MID_SECTOR_COST * half_sector / pitch
 
 
-def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
-    """Stream-K on the narrow tile, in one lane (the column of its tiles) over every SM, instead
-    of `pick` (an unforced choice on the narrow tile of one kernel of STREAM_K_DISPLACES, its
-    wave tail's too) where the rule above takes it; else None."""
+def _narrow_tile_stream_k(pick: Choice, problem: Problem, device: DeviceInfo,
+                          min_k_blocks: int, one_lane: bool) -> tuple | None:
+    """(stream-K on the narrow tile, its model's us, `pick`'s) for the two rules above: the
+    fastest by its model (of one lane where `one_lane`), where `pick` is an unforced choice on
+    the narrow tile of one kernel of STREAM_K_DISPLACES (its wave tail's too) over at least
+    `min_k_blocks` k-blocks; else None."""
     cfg = pick.config
     if (pick.schedule not in STREAM_K_DISPLACES or cfg.trans_c
             or (cfg.block_m, cfg.block_n) != (BLOCK_M, NARROW_BLOCK_N)
-            or _k_blocks(problem) < NARROW_STREAM_K_MIN_K_BLOCKS):
+            or _k_blocks(problem) < min_k_blocks):
         return None
-    cost = narrow_b_mid_sector_cost(problem)
-    if cost == 0.0:
-        return None
-    one_lane = [c for c in stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N))
-                if StreamKSchedule.lanes(problem, c.config, c.raster_group) == 1]
-    stream = min(one_lane, key=lambda c: _choice_us(c, problem, device), default=None)
+    streams = [c for c in stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N))
+               if not one_lane or StreamKSchedule.lanes(problem, c.config, c.raster_group) == 1]
+    stream = min(streams, key=lambda c: _choice_us(c, problem, device), default=None)
     pick_us = _rival_us(pick, problem, device)
     if stream is None or pick_us is None:
         return None
-    if _choice_us(stream, problem, device) > pick_us * (1 + cost):
+    return stream, _choice_us(stream, problem, device), pick_us
+
+
+def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
+    """Stream-K on the narrow tile, in one lane (the column of its tiles) over every SM, instead
+    of `pick` where B's rows start mid-sector and the rule above takes it; else None."""
+    cost = narrow_b_mid_sector_cost(problem)
+    found = cost and _narrow_tile_stream_k(pick, problem, device, NARROW_STREAM_K_MIN_K_BLOCKS,
+                                           one_lane=True)
+    if not found or found[1] > found[2] * (1 + cost):
         return None
+    stream, _, pick_us = found
     return replace(stream, reason=(
         f"stream-K on the narrow tile, whose CTAs read B at different k-blocks, instead of "
         f"{label(pick)}: B's rows of {_b_row_bytes(problem)} bytes start mid-sector, and that "
@@ -2508,25 +2520,20 @@ def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choi
 
 def _whole_line_narrow_stream_k(pick: Choice, problem: Problem,
                                 device: DeviceInfo) -> Choice | None:
-    """Stream-K on the narrow tile, in the lanes its model puts fastest, instead of `pick` (an
-    unforced narrow-tile choice, as for _narrow_stream_k) where B's rows are whole lines and the
-    rule above takes it; else None."""
-    cfg = pick.config
-    if (pick.schedule not in STREAM_K_DISPLACES or cfg.trans_c
-            or (cfg.block_m, cfg.block_n) != (BLOCK_M, NARROW_BLOCK_N)
-            or not (problem.trans_b and problem.b_pitch_aligned)
-            or _k_blocks(problem) < WHOLE_LINE_STREAM_K_MIN_K_BLOCKS
-            or pick.tail is not None
-            or _tiles(problem, cfg.block_m, cfg.block_n) <= device.sm_count):
+    """Stream-K on the narrow tile, in the lanes its model puts fastest, instead of `pick`
+    where B's rows are whole lines, `pick` runs more than one wave with no tail, and the rule
+    above takes it; else None."""
+    if (not (problem.trans_b and problem.b_pitch_aligned) or pick.tail is not None
+            or _tiles(problem, BLOCK_M, NARROW_BLOCK_N) <= device.sm_count):
         return None
-    stream = min(stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N)),
-                 key=lambda c: _choice_us(c, problem, device), default=None)
-    pick_us = _rival_us(pick, problem, device)
-    if stream is None or pick_us is None:
+    found = _narrow_tile_stream_k(pick, problem, device, WHOLE_LINE_STREAM_K_MIN_K_BLOCKS,
+                                  one_lane=False)
+    if found is None:
         return None
+    stream, stream_us, pick_us = found
     charged = pick_us * (CLUSTER_NARROW_MODEL_ERROR if pick.schedule is SplitKClusterSchedule
                          else 1.0)
-    if _choice_us(stream, problem, device) > charged:
+    if stream_us > charged:
         return None
     return replace(stream, reason=(
         f"stream-K on the narrow tile instead of {label(pick)} ({charged:.1f} us by its model"
