@@ -160,37 +160,29 @@ def test_sub_wave_stream_k_fused_into_c(m, n, k, dtype):
     assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text
 
 
-# Tall products of a few dozen columns whose B rows start mid-sector, which the heuristic
-# gives stream-K on the narrow tile (its rule: tests/test_stream_k_cpu.py); B N-major (the
-# rule's layouts), over one lane of every SM, pieces cut inside tiles.
+# Tall products the heuristic gives stream-K on the narrow tile (its rules:
+# tests/test_stream_k_cpu.py), B N-major (the rules' layouts): a few dozen columns whose B rows
+# start mid-sector, over one lane of every SM, pieces cut inside tiles; and products over more
+# than a wave on B rows of whole lines whose narrow pick has no tail: 64 columns in place, and
+# 8 columns read from B's line copy (whose rows are whole lines).
 NARROW = [(11840, 24, 5376, "bfloat16"), (15680, 40, 10944, "float16"),
           (5184, 24, 26688, "bfloat16")]
+WHOLE_LINES = [(17088, 64, 2048, "float16"), (20096, 64, 2432, "bfloat16"),
+               (21440, 8, 2496, "bfloat16")]
+NARROW_RULES = ([(*shape, "start mid-sector") for shape in NARROW]
+                + [(*shape, "stream-K on the narrow tile instead of") for shape in WHOLE_LINES])
 
 
-@pytest.mark.parametrize("m,n,k,dtype", NARROW)
+@pytest.mark.parametrize("m,n,k,dtype,reason", NARROW_RULES)
 @pytest.mark.parametrize("layout", ["NN", "TN"])
-def test_narrow_products_of_mid_sector_rows_take_stream_k(m, n, k, dtype, layout):
-    check_call(m, n, k, dtype, *LAYOUTS[layout], "schedule: stream_k\n", "start mid-sector")
+def test_narrow_products_take_stream_k(m, n, k, dtype, reason, layout):
+    check_call(m, n, k, dtype, *LAYOUTS[layout], "schedule: stream_k\n", reason)
 
 
 def test_narrow_stream_k_fused_into_c():
     m, n, k, dtype = NARROW[0]
     text = check_fused_into_c(*operands(m, n, k, dtype), "rows", dtype)
     assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text
-
-
-# Tall products over more than a wave on B rows of whole lines whose narrow pick has no tail
-# (its rule: tests/test_stream_k_cpu.py): 64 columns in place, and 8 columns read from B's line
-# copy (whose rows are whole lines).
-WHOLE_LINES = [(17088, 64, 2048, "float16"), (20096, 64, 2432, "bfloat16"),
-               (21440, 8, 2496, "bfloat16")]
-
-
-@pytest.mark.parametrize("m,n,k,dtype", WHOLE_LINES)
-@pytest.mark.parametrize("layout", ["NN", "TN"])
-def test_whole_line_narrow_products_take_stream_k(m, n, k, dtype, layout):
-    check_call(m, n, k, dtype, *LAYOUTS[layout], "schedule: stream_k\n",
-               "stream-K on the narrow tile instead of")
 
 
 def test_a_row_store_without_its_wave_tail_takes_stream_k():
