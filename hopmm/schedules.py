@@ -950,9 +950,10 @@ class StreamKSchedule(PersistentSchedule):
 
     @classmethod
     def lanes_are_columns(cls, problem: Problem, cfg: KernelConfig, raster_group: int) -> bool:
-        """Whether the lanes are columns of tiles (raster groups that hold every M-tile) rather
-        than rows (kernel_stream_k.cuh)."""
-        return raster_group >= cls.tiles(problem, cfg)[0]
+        """Whether the lanes are columns of tiles (raster groups that hold every M-tile of
+        more than one) rather than rows (kernel_stream_k.cuh)."""
+        tiles_m = cls.tiles(problem, cfg)[0]
+        return raster_group >= tiles_m > 1
 
     @classmethod
     def lane_tiles(cls, problem: Problem, cfg: KernelConfig, raster_group: int) -> int:

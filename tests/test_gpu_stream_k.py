@@ -67,6 +67,20 @@ def test_stream_k_lanes_match_cupy(width, lanes_by, dtype, layout):
     assert bool(cupy.isnan(buf[:, m:, :].astype(cupy.float32)).all()), "wrote below the result"
 
 
+@pytest.mark.parametrize("lanes_by", ["rows", "columns"])
+def test_one_row_of_tiles_runs_as_one_lane(lanes_by):
+    """A product of one M-tile (100 rows) is one lane of 12 tiles whatever the group, cut over
+    every SM; nothing written below the result."""
+    import cupy
+
+    m, n, k = 100, 1500, 3000
+    a, b = operands(m, n, k, "bfloat16")
+    got, buf, lanes = run_lanes(a, b, 128, lanes_by)
+    assert lanes == 1
+    check_close(got, reference(a, b), "bfloat16")
+    assert bool(cupy.isnan(buf[:, m:, :].astype(cupy.float32)).all()), "wrote below the result"
+
+
 @pytest.mark.parametrize("ctas_per_lane", [1, 2, 3, 7, 22])
 def test_stream_k_any_share(ctas_per_lane):
     """Lanes of one CTA (whole tiles, no pieces) up to CTAs of one or two k-blocks each, so

@@ -59,6 +59,17 @@ def test_lanes_are_rows_or_columns_of_tiles():
     assert SK.most_ctas(tiny, config(128, tiny), 1, 2, 132) == 2
 
 
+@pytest.mark.parametrize("group", [1, 2])
+def test_one_row_of_tiles_is_one_lane(group):
+    """A problem of one M-tile is one lane whatever the group (a lane per tile would hold its
+    CTAs to a multiple of the tiles: 96 of 132 SMs for 12 tiles)."""
+    p = problem(100, 1500, 3000)   # 1 x 12 tiles of 128 x 128, 47 k-blocks
+    cfg = config(128, p)
+    assert not SK.lanes_are_columns(p, cfg, group)
+    assert (SK.lane_tiles(p, cfg, group), SK.lanes(p, cfg, group)) == (12, 1)
+    assert SK.most_ctas(p, cfg, 1, group, 132) == 132
+
+
 @pytest.mark.parametrize("ctas,ok", [(126, True), (7, True), (132, False), (6, False),
                                      (7 * 12 * 148 + 7, False)])
 def test_grid_checks(ctas, ok):

@@ -5,7 +5,7 @@
 //
 // Lanes. The tiles are cut into lanes of consecutive raster positions: with raster groups of
 // one M-tile a lane is one row of tiles (tiles_n of them), with groups of all M-tiles one
-// column (tiles_m). Each lane's tiles (over the launch's batch slices, slice after slice) form
+// column (tiles_m); a single row of tiles is always one lane. Each lane's tiles (over the launch's batch slices, slice after slice) form
 // a stream of k-blocks, tile by tile, which the lane's gridDim.x / lanes CTAs divide evenly:
 // CTA i of a lane multiplies k-blocks [i * U / C, (i + 1) * U / C) of its U (C CTAs a lane).
 // Every lane is cut the same way, so the tiles at one position of every lane are multiplied
@@ -56,8 +56,10 @@ struct StreamKWalk {
     __device__ __forceinline__ StreamKWalk(const GroupedRaster& r, int offset, int batch_count,
                                            int num_k_blocks)
         : raster(r), batch_offset(offset), k_blocks(num_k_blocks) {
-        // Groups of one M-tile walk rows of tiles; groups of every M-tile walk columns.
-        lane_tiles = r.group >= r.tiles_m ? r.tiles_m : r.tiles_n;
+        // Groups of one M-tile walk rows of tiles; groups of every M-tile walk columns. One
+        // row of tiles is one lane whatever the group: a lane per tile would cap the CTAs at
+        // a multiple of the tiles.
+        lane_tiles = r.group >= r.tiles_m && r.tiles_m > 1 ? r.tiles_m : r.tiles_n;
         const int lanes = r.per_slice() / lane_tiles;
         ctas = gridDim.x / lanes;
         lane = blockIdx.x / ctas;
