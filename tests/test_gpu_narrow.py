@@ -77,9 +77,10 @@ def test_narrow_batches():
 
 
 # B's rows shorter than a sector read from a line copy (heuristics.narrow_b_copy_reason), on
-# every device's DRAM: 8 columns past a wave, over a long K (split on faster DRAM), and between.
+# every device's DRAM: 8 columns past a wave, over a long K (split on faster DRAM), and between;
+# the narrow tile's kernel persistent or, past a wave, stream-K (_whole_line_narrow_stream_k).
 LINE_COPY_CASES = [(23851, 8, 9216), (5378, 8, 30744), (16256, 8, 9408)]
-LINE_COPY_NOTES = (f"tiles of {NARROW}", "aligned copies of b (", "shorter than a 32-byte sector")
+LINE_COPY_NOTES = (f"_{NARROW}x64_", "aligned copies of b (", "shorter than a 32-byte sector")
 
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
