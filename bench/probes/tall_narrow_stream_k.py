@@ -1,9 +1,12 @@
 #!/usr/bin/env python3
-"""A probe, not part of hopmm: tall products of few columns, the heuristic's pick (through
-hopmm.matmul) against stream-K on the 128 x 64 tile in each lane choice it offers
-(heuristics.stream_k_choices), with each one's model, and cuBLAS beside (bench/NOTES.md v0.62).
+"""A probe, not part of hopmm: tall products of few columns (or wide ones of few rows), the
+heuristic's pick (through hopmm.matmul) against stream-K on the 128 x 64 tile (or the tiles
+given) in each lane direction, with as many CTAs as the SMs allow, with each one's model where
+the heuristic rates that tile, and cuBLAS beside (bench/NOTES.md v0.62, v0.63).
 
-    python bench/probes/tall_narrow_stream_k.py OUT.json MxNxKxDTYPE ...   (DTYPE bf16 or fp16)
+    python bench/probes/tall_narrow_stream_k.py OUT.json [--tiles 64x128,128x256] MxNxKxDTYPE ...
+
+DTYPE is bf16 or fp16; 64-row tiles (one consumer warpgroup) are offered to stream-K here only.
 
 Row-major operands, three input sets, interleaved rounds, medians; every contestant's result is
 checked against an fp32 cupy.matmul first.
@@ -34,33 +37,54 @@ def cupy_dtype(name):
         return cupy.dtype(getattr(ml_dtypes, name))
 
 
-def stream_k_runs(a, b, c, device) -> dict:
-    """{name: (run(i), model us)} for each stream-K choice on the narrow tile."""
+def stream_k_choices(problem, device, tiles) -> list:
+    """Stream-K on each tile in each lane direction, as many CTAs a lane as the SMs allow."""
+    out = []
+    for block_m, block_n in tiles:
+        cfg = StreamKSchedule.deepest(problem.dtype, block_n, problem.trans_a, problem.trans_b,
+                                      device.smem_per_block_optin, block_m)
+        if cfg is None:
+            continue
+        for group in sorted({1, StreamKSchedule.tiles(problem, cfg)[0]}):
+            ctas = StreamKSchedule.most_ctas(problem, cfg, problem.batch, group,
+                                             device.sm_count)
+            if ctas:
+                out.append(heuristics.Choice(StreamKSchedule, cfg, "probe", group, ctas))
+    return out
+
+
+def stream_k_runs(a, b, c, device, tiles) -> dict:
+    """{name: (run(i), model us or None)} for each stream-K choice on `tiles`."""
     shapes = layout.matmul_shapes(a[0].shape, b[0].shape)
     calls = [operands.kernel_operands(a[i], b[i], shapes) for i in range(INPUT_SETS)]
     problem = calls[0].problem
     c3 = c[None]
     out = {}
-    for choice in heuristics.stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N)):
-        lanes = StreamKSchedule.lanes(problem, choice.config, choice.raster_group)
+    for choice in stream_k_choices(problem, device, tiles):
+        cfg = choice.config
+        lanes = StreamKSchedule.lanes(problem, cfg, choice.raster_group)
         runs = [launch.build_launches(choice, problem, cl.a3, cl.a_map, cl.b3, cl.b_map, c3)
                 for cl in calls]
 
         def run(i, runs=runs):
             launch.launch_all(runs[i], calls[i].a3.data.ptr, calls[i].b3.data.ptr, c3.data.ptr)
-        out[f"stream_k {lanes} lanes {choice.splits} CTAs"] = (
-            run, heuristics._choice_us(choice, problem, device))
+        try:
+            model = heuristics._choice_us(choice, problem, device)
+        except (KeyError, ValueError):   # a tile the heuristic has no speed for
+            model = None
+        name = f"stream_k {cfg.block_m}x{cfg.block_n} {lanes} lanes {choice.splits} CTAs"
+        out[name] = (run, model)
     return out, problem
 
 
-def probe(m, n, k, dtype, device) -> dict:
+def probe(m, n, k, dtype, device, tiles) -> dict:
     a = [cupy.random.standard_normal((m, k), dtype=cupy.float32).astype(dtype)
          for _ in range(INPUT_SETS)]
     b = [cupy.random.standard_normal((k, n), dtype=cupy.float32).astype(dtype)
          for _ in range(INPUT_SETS)]
     c = cupy.empty((m, n), dtype)
     ref = cupy.matmul(a[0].astype(cupy.float32), b[0].astype(cupy.float32))
-    streams, problem = stream_k_runs(a, b, c, device)
+    streams, problem = stream_k_runs(a, b, c, device, tiles)
     pick = heuristics.choose(problem, device)
     contestants = {"pick": lambda i: hopmm.matmul(a[i], b[i], out=c)}
     contestants.update({name: run for name, (run, _) in streams.items()})
@@ -90,11 +114,17 @@ def probe(m, n, k, dtype, device) -> dict:
 
 def main(argv) -> int:
     out_path, shapes = argv[0], argv[1:]
+    tiles = [(BLOCK_M, NARROW_BLOCK_N)]
+    if shapes[:1] == ["--tiles"]:
+        tiles = [tuple(int(x) for x in t.split("x")) for t in shapes[1].split(",")]
+        shapes = shapes[2:]
+    # The schedule offers only 128-row tiles; the kernel takes one consumer warpgroup as well.
+    StreamKSchedule.short_block_ns = tuple(n for m, n in tiles if m < BLOCK_M)
     device = query(cupy.cuda.Device().id)
     rows = []
     for text in shapes:
         m, n, k, dt = text.split("x")
-        row = probe(int(m), int(n), int(k), cupy_dtype(DTYPES[dt]), device)
+        row = probe(int(m), int(n), int(k), cupy_dtype(DTYPES[dt]), device, tiles)
         rows.append(row)
         print(f"{text} pick [{row['pick']}]: " + " ".join(
             f"{name} {us:.1f}" for name, us in sorted(row["us"].items(), key=lambda kv: kv[1]))
