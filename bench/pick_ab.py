@@ -123,11 +123,12 @@ def layout_aligned(m: int, n: int, k: int, name: str) -> bool:
 
 # The shapes a seed draws: the sweep's (bench/sweep.py), decode products of 1-16 rows
 # (sweep_shapes.draw_decode_shape), those of 1-16 columns (draw_columns_shapes), of 8-64
-# columns (draw_narrow_shapes) or of 17-64 rows or columns at any width (draw_few_rows_shapes),
-# 200 of each.
+# columns (draw_narrow_shapes), of 17-64 rows or columns at any width (draw_few_rows_shapes) or
+# of 65-320 (draw_mid_rows_shapes), 200 of each.
 DRAWS = {"sweep": sweep_shapes.draw_shapes, "decode": sweep_shapes.draw_decode_shapes,
          "columns": sweep_shapes.draw_columns_shapes, "narrow": sweep_shapes.draw_narrow_shapes,
-         "few_rows": sweep_shapes.draw_few_rows_shapes}
+         "few_rows": sweep_shapes.draw_few_rows_shapes,
+         "mid_rows": sweep_shapes.draw_mid_rows_shapes}
 SHAPES_PER_SEED = 200
 
 

@@ -227,8 +227,14 @@ FEW_ROWS_DRAW_MAX = 64
 def draw_few_rows_shape(seed: int, index: int, dtypes) -> Shape:
     """Few-row shape `index` of the draw `seed`, a function of (seed, index) alone like
     draw_shape's."""
-    rng, rounded = _shape_generator("few-rows", seed, index, dtypes)
-    short = round(math.exp(rng.uniform(math.log(FEW_ROWS_DRAW_MIN), math.log(FEW_ROWS_DRAW_MAX))))
+    return _short_side_shape("few-rows", seed, index, dtypes, FEW_ROWS_DRAW_MIN, FEW_ROWS_DRAW_MAX)
+
+
+def _short_side_shape(draw: str, seed: int, index: int, dtypes, lo: int, hi: int) -> Shape:
+    """Shape `index` of the `draw` draws' `seed` whose short side is log-uniform in [lo, hi]
+    (rows on indices 0, 1 mod 4, columns on 2, 3), its long sides as the decode draws'."""
+    rng, rounded = _shape_generator(draw, seed, index, dtypes)
+    short = round(math.exp(rng.uniform(math.log(lo), math.log(hi))))
     long, k = _two_long_sides(rng, rounded)
     m, n = (short, long) if index % 4 < 2 else (long, short)
     return Shape(index, m, n, k, _dtype_of(index, dtypes), rounded)
@@ -237,3 +243,22 @@ def draw_few_rows_shape(seed: int, index: int, dtypes) -> Shape:
 def draw_few_rows_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
     """Few-row shapes start .. start + count - 1 of the draw `seed`."""
     return [draw_few_rows_shape(seed, i, dtypes) for i in _indices(start, count)]
+
+
+# Mid-row draws (draw_mid_rows_shape): as the few-row draws, the short side from past them to
+# two and a half 128-row tiles (a batch of a hundred-odd decode requests, a prefill chunk),
+# which the sweep's rounding to multiples of ROUND_TO leaves at 128 and 192 where its long
+# sides are rounded.
+MID_ROWS_DRAW_MIN = FEW_ROWS_DRAW_MAX + 1
+MID_ROWS_DRAW_MAX = 320
+
+
+def draw_mid_rows_shape(seed: int, index: int, dtypes) -> Shape:
+    """Mid-row shape `index` of the draw `seed`, a function of (seed, index) alone like
+    draw_shape's."""
+    return _short_side_shape("mid-rows", seed, index, dtypes, MID_ROWS_DRAW_MIN, MID_ROWS_DRAW_MAX)
+
+
+def draw_mid_rows_shapes(seed: int, start: int, count: int, dtypes) -> list[Shape]:
+    """Mid-row shapes start .. start + count - 1 of the draw `seed`."""
+    return [draw_mid_rows_shape(seed, i, dtypes) for i in _indices(start, count)]

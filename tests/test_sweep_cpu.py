@@ -102,22 +102,39 @@ def test_narrow_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
     assert {s.n for s in shapes} == set(range(step, widest + 1, step))   # every width drawn
 
 
-def _few_rows_sides(s):
-    """(short, long) of a few-row shape: rows on indices 0, 1 mod 4, columns on 2, 3."""
+def _short_long(s):
+    """(short, long) of a few-row or mid-row shape: rows on indices 0, 1 mod 4, columns on 2, 3."""
     return (s.m, s.n) if s.index % 4 < 2 else (s.n, s.m)
 
 
+SHORT_SIDE_DRAWS = {
+    "few_rows": (sweep_shapes.draw_few_rows_shapes, sweep_shapes.draw_few_rows_shape,
+                 sweep_shapes.FEW_ROWS_DRAW_MIN, sweep_shapes.FEW_ROWS_DRAW_MAX),
+    "mid_rows": (sweep_shapes.draw_mid_rows_shapes, sweep_shapes.draw_mid_rows_shape,
+                 sweep_shapes.MID_ROWS_DRAW_MIN, sweep_shapes.MID_ROWS_DRAW_MAX),
+}
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-def test_few_rows_draws_keep_their_bounds_and_depend_on_seed_and_index_only(seed):
-    shapes = drawn(sweep_shapes.draw_few_rows_shapes, sweep_shapes.draw_few_rows_shape, seed,
-                   lambda s: (_few_rows_sides(s)[1], s.k))
-    low, high = sweep_shapes.FEW_ROWS_DRAW_MIN, sweep_shapes.FEW_ROWS_DRAW_MAX
-    assert all(low <= _few_rows_sides(s)[0] <= high for s in shapes)
-    shorts = {min(s.m, s.n) for s in shapes}
-    # log-uniform over 17-64 (the rounded ends drawn half as often as the rest)
-    assert min(shorts) <= low + 2 and max(shorts) >= high - 8 and len(shorts) >= 30
+@pytest.mark.parametrize("draw", SHORT_SIDE_DRAWS)
+def test_short_side_draws_keep_their_bounds_and_depend_on_seed_and_index_only(draw, seed):
+    draw_shapes, draw_shape, low, high = SHORT_SIDE_DRAWS[draw]
+    shapes = drawn(draw_shapes, draw_shape, seed, lambda s: (_short_long(s)[1], s.k))
+    assert all(low <= _short_long(s)[0] <= high for s in shapes)
+    shorts = sorted(_short_long(s)[0] for s in shapes)
+    # log-uniform over [low, high]: both ends drawn, a third of the shapes in its lower quarter
+    assert shorts[0] <= low * 1.1 and shorts[-1] >= high / 1.1 and len(set(shorts)) >= 30
+    quarter = low * (high / low) ** 0.25
+    assert sum(x <= quarter for x in shorts) >= len(shorts) // 6
     unaligned = [s for s in shapes if not s.rounded and (s.k % 8 or s.n % 8)]
     assert len(unaligned) >= len(shapes) // 4   # rows TMA cannot read in place are drawn
+
+
+def test_the_few_and_mid_row_draws_meet_and_differ():
+    assert sweep_shapes.MID_ROWS_DRAW_MIN == sweep_shapes.FEW_ROWS_DRAW_MAX + 1
+    few = sweep_shapes.draw_few_rows_shapes(1, 0, 8, DTYPES)
+    mid = sweep_shapes.draw_mid_rows_shapes(1, 0, 8, DTYPES)
+    assert [(s.m, s.n, s.k) for s in few] != [(s.m, s.n, s.k) for s in mid]
 
 
 def test_the_generator_refuses_what_it_cannot_draw():
