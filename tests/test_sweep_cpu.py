@@ -122,7 +122,8 @@ def test_short_side_draws_keep_their_bounds_and_depend_on_seed_and_index_only(dr
     shapes = drawn(draw_shapes, draw_shape, seed, lambda s: (_short_long(s)[1], s.k))
     assert all(low <= _short_long(s)[0] <= high for s in shapes)
     shorts = sorted(_short_long(s)[0] for s in shapes)
-    # log-uniform over [low, high]: both ends drawn, a third of the shapes in its lower quarter
+    # log-uniform over [low, high]: both ends drawn, and about a quarter of the shapes (a
+    # sixth at the least) in the lowest quarter of its log range
     assert shorts[0] <= low * 1.1 and shorts[-1] >= high / 1.1 and len(set(shorts)) >= 30
     quarter = low * (high / low) ** 0.25
     assert sum(x <= quarter for x in shorts) >= len(shorts) // 6

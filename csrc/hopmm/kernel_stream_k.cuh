@@ -5,8 +5,9 @@
 //
 // Lanes. The tiles are cut into lanes of consecutive raster positions: with raster groups of
 // one M-tile a lane is one row of tiles (tiles_n of them), with groups of all M-tiles one
-// column (tiles_m); a single row of tiles is always one lane. Each lane's tiles (over the launch's batch slices, slice after slice) form
-// a stream of k-blocks, tile by tile, which the lane's gridDim.x / lanes CTAs divide evenly:
+// column (tiles_m); a single row of tiles is always one lane. Each lane's tiles (over the
+// launch's batch slices, slice after slice) form a stream of k-blocks, tile by tile, which
+// the lane's gridDim.x / lanes CTAs divide evenly:
 // CTA i of a lane multiplies k-blocks [i * U / C, (i + 1) * U / C) of its U (C CTAs a lane).
 // Every lane is cut the same way, so the tiles at one position of every lane are multiplied
 // at the same k-blocks at about the same time and read the operand they share (B, where lanes
