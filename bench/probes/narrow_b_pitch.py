@@ -9,7 +9,6 @@ Each variant "B<p>C<q>" reads B from rows p elements apart and writes C to rows 
 product's own N where p or q is N); only the kernel is timed (the views are made once), bf16,
 two input sets, interleaved rounds, medians.
 """
-import json
 import sys
 
 import cupy
@@ -19,6 +18,8 @@ from hopmm.device import query
 from hopmm.heuristics import Choice
 from hopmm.schedules import BLOCK_M, NARROW_BLOCK_N, PersistentSchedule
 from hopmm.timing import interleaved_medians
+
+from contestants import cublas_contestants, report
 
 DEFAULT_SHAPES = ("29504x24x896 17664x24x1984 11200x24x3264 26816x24x3840 24320x24x1856 "
                   "25088x40x1024 15616x40x2560 19200x56x1536 18240x56x2816 25984x48x896 "
@@ -78,14 +79,7 @@ def probe(m: int, n: int, k: int, device) -> dict:
                 continue
             contestants[name] = run
     b_own, c_own = b_rows[n], c_rows[n]
-    contestants["cupy"] = lambda i: cupy.matmul(a[i], b_own[i], out=c_own)
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None:
-        pairs = [(torch.from_dlpack(a[i]), torch.from_dlpack(b_own[i])) for i in range(INPUT_SETS)]
-        contestants["torch"] = lambda i: torch.matmul(*pairs[i])
+    contestants.update(cublas_contestants(a, b_own, out=c_own))
     seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
                                   WARMUP_S)
     return dict(shape=[m, n, k], us={name: s * 1e6 for name, s in seconds.items()},
@@ -98,13 +92,7 @@ def main(argv) -> int:
     rows = []
     for text in shapes:
         m, n, k = map(int, text.split("x"))
-        row = probe(m, n, k, device)
-        rows.append(row)
-        ranked = sorted(row["us"].items(), key=lambda kv: kv[1])
-        print(f"{text}: " + " ".join(f"{name} {us:.1f}" for name, us in ranked)
-              + (f" ERRORS {row['errors']}" if row["errors"] else ""), flush=True)
-        with open(out_path, "w") as f:
-            json.dump(rows, f, indent=1)
+        report(text, probe(m, n, k, device), rows, out_path)
     return 0
 
 

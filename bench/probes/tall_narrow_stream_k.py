@@ -11,7 +11,6 @@ DTYPE is bf16 or fp16; 64-row tiles (one consumer warpgroup) are offered to stre
 Row-major operands, three input sets, interleaved rounds, medians; every contestant's result is
 checked against an fp32 cupy.matmul first.
 """
-import json
 import sys
 
 import cupy
@@ -21,6 +20,8 @@ from hopmm import heuristics, launch, layout, operands
 from hopmm.device import query
 from hopmm.schedules import BLOCK_M, NARROW_BLOCK_N, StreamKSchedule
 from hopmm.timing import interleaved_medians
+
+from contestants import cublas_contestants, report
 
 INPUT_SETS = 3
 ROUNDS = 5
@@ -96,14 +97,7 @@ def probe(m, n, k, dtype, device, tiles) -> dict:
         if not err < MAX_REL_ERR:   # NaN fails too
             errors[name] = err
             del contestants[name]
-    contestants["cupy"] = lambda i: cupy.matmul(a[i], b[i])
-    try:
-        import torch
-    except ImportError:
-        torch = None
-    if torch is not None:
-        pairs = [(torch.from_dlpack(a[i]), torch.from_dlpack(b[i])) for i in range(INPUT_SETS)]
-        contestants["torch"] = lambda i: torch.matmul(*pairs[i])
+    contestants.update(cublas_contestants(a, b))
     seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
                                   WARMUP_S)
     return dict(shape=[m, n, k], dtype=str(dtype), pick=heuristics.label(pick),
@@ -125,12 +119,7 @@ def main(argv) -> int:
     for text in shapes:
         m, n, k, dt = text.split("x")
         row = probe(int(m), int(n), int(k), cupy_dtype(DTYPES[dt]), device, tiles)
-        rows.append(row)
-        print(f"{text} pick [{row['pick']}]: " + " ".join(
-            f"{name} {us:.1f}" for name, us in sorted(row["us"].items(), key=lambda kv: kv[1]))
-            + (f" ERRORS {row['errors']}" if row["errors"] else ""), flush=True)
-        with open(out_path, "w") as f:
-            json.dump(rows, f, indent=1)
+        report(f"{text} pick [{row['pick']}]", row, rows, out_path)
     return 0
 
 

@@ -1,0 +1,31 @@
+"""What the probes share (not part of hopmm): the cuBLAS side, cupy.matmul and, where torch
+imports, torch.matmul on the same input sets, each a function of the input set's index, to time
+beside the probe's own contestants (bench/NOTES.md: cuBLAS in the same run); and the line and
+JSON each product's timings go to."""
+import json
+
+import cupy
+
+
+def cublas_contestants(a, b, out=None) -> dict:
+    """{"cupy": run(i), "torch": run(i)} over the input sets a[i], b[i]; cupy.matmul writes
+    into `out` where given; no "torch" where it does not import."""
+    contestants = {"cupy": lambda i: cupy.matmul(a[i], b[i], out=out)}
+    try:
+        import torch
+    except ImportError:
+        return contestants
+    pairs = [(torch.from_dlpack(x), torch.from_dlpack(y)) for x, y in zip(a, b)]
+    contestants["torch"] = lambda i: torch.matmul(*pairs[i])
+    return contestants
+
+
+def report(label: str, row: dict, rows: list, out_path: str) -> None:
+    """Prints `label` and row["us"] fastest first (and row["errors"], the contestants that
+    failed their check), appends `row` to `rows` and rewrites `out_path` with them all."""
+    rows.append(row)
+    ranked = sorted(row["us"].items(), key=lambda kv: kv[1])
+    print(f"{label}: " + " ".join(f"{name} {us:.1f}" for name, us in ranked)
+          + (f" ERRORS {row['errors']}" if row["errors"] else ""), flush=True)
+    with open(out_path, "w") as f:
+        json.dump(rows, f, indent=1)
