@@ -2493,13 +2493,14 @@ def _narrow_tile_stream_k(pick: Choice, problem: Problem, device: DeviceInfo,
             or (cfg.block_m, cfg.block_n) != (BLOCK_M, NARROW_BLOCK_N)
             or _k_blocks(problem) < min_k_blocks):
         return None
-    streams = [c for c in stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N))
-               if not one_lane or StreamKSchedule.lanes(problem, c.config, c.raster_group) == 1]
-    stream = min(streams, key=lambda c: _choice_us(c, problem, device), default=None)
+    scored = [(_choice_us(c, problem, device), c)
+              for c in stream_k_choices(problem, device, (BLOCK_M, NARROW_BLOCK_N))
+              if not one_lane or StreamKSchedule.lanes(problem, c.config, c.raster_group) == 1]
     pick_us = _rival_us(pick, problem, device)
-    if stream is None or pick_us is None:
+    if not scored or pick_us is None:
         return None
-    return stream, _choice_us(stream, problem, device), pick_us
+    stream_us, stream = min(scored, key=lambda t: t[0])
+    return stream, stream_us, pick_us
 
 
 def _narrow_stream_k(pick: Choice, problem: Problem, device: DeviceInfo) -> Choice | None:
@@ -2531,14 +2532,14 @@ def _whole_line_narrow_stream_k(pick: Choice, problem: Problem,
     if found is None:
         return None
     stream, stream_us, pick_us = found
-    charged = pick_us * (CLUSTER_NARROW_MODEL_ERROR if pick.schedule is SplitKClusterSchedule
-                         else 1.0)
+    cluster = pick.schedule is SplitKClusterSchedule
+    charged = pick_us * (CLUSTER_NARROW_MODEL_ERROR if cluster else 1.0)
     if stream_us > charged:
         return None
+    error = f" x {CLUSTER_NARROW_MODEL_ERROR}, its error on this tile" if cluster else ""
     return replace(stream, reason=(
-        f"stream-K on the narrow tile instead of {label(pick)} ({charged:.1f} us by its model"
-        + (f" x {CLUSTER_NARROW_MODEL_ERROR}, its error on this tile"
-           if charged != pick_us else "") + f"); {stream.reason}"), instead=pick)
+        f"stream-K on the narrow tile instead of {label(pick)} ({charged:.1f} us by its "
+        f"model{error}); {stream.reason}"), instead=pick)
 
 
 def _stream_wait_us(choice: Choice, problem: Problem, device: DeviceInfo) -> float:
