@@ -663,7 +663,6 @@ __device__ __forceinline__ void gemv(const GemvArgs& args) {
     } else {
         gemv_n_major<Config>(args, a, b, col0, k_lo, k_hi, gemv_tile);
     }
-    grid_launch_dependents();
     gemv_store<Config>(args, gemv_tile, z, m0, a.rows, col0);
 }
 

@@ -51,7 +51,6 @@ __device__ __forceinline__ void persistent_producer(const TensorMap* map_a, cons
         Producer::load_tile(map_a, map_b, smem, m0, n0, walk.raster.m - m0, walk.raster.n - n0,
                             batch_a(c.z), batch_b(c.z), num_k_blocks, ring, 0, map_b2);
     }
-    grid_launch_dependents();  // the last load is issued
 }
 
 // What every persistent skeleton shares: the shared-memory setup, the producer warpgroup's tile

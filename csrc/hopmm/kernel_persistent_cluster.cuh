@@ -91,7 +91,6 @@ __device__ __forceinline__ void run_persistent_cluster(const TensorMap* map_a,
                                     c.n_tile * S::kBlockN, batch_a(c.z), batch_b(c.z),
                                     num_k_blocks, ring);
             }
-            grid_launch_dependents();  // the last load is issued
         }
     } else {
         setmaxnreg_inc<S::kConsumerRegs>();

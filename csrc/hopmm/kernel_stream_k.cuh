@@ -104,7 +104,6 @@ __device__ __forceinline__ void stream_k_producer(const TensorMap* map_a, const 
                             batch_a(seg.tile.z), batch_b(seg.tile.z), seg.count, ring, seg.first);
         u += seg.count;
     }
-    grid_launch_dependents();  // the last load is issued
 }
 
 // A consumer warpgroup's fp32 piece of a tile in the workspace: slot (CTA, consumer) holds its

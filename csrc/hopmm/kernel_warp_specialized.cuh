@@ -45,7 +45,6 @@ __device__ __forceinline__ void run_one_tile(const TensorMap* map_a, const Tenso
             before_loads();
             Producer::load_tile(map_a, map_b, smem, m0, n0, raster.m - m0, raster.n - n0,
                                 batch_a(z), batch_b(z), slice.count, ring, slice.first);
-            grid_launch_dependents();  // the last load is issued
         }
         producer_done();
     } else {

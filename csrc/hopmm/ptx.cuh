@@ -98,16 +98,6 @@ __device__ __forceinline__ void fence_barrier_init() {
 
 // ---- programmatic dependent launch (PTX ISA: griddepcontrol) -----------------------------
 
-// Lets the next kernel of the stream, when launched with programmatic stream serialization,
-// be scheduled once every CTA of this grid has executed this (or exited): its CTAs then set
-// up on SMs as ours leave. It says nothing about this grid's memory; the dependent still
-// waits for that below. The skeletons' producers execute it after their last load: from the
-// prologue it cost long kernels 2-5 % on an H100 (bench/NOTES.md v0.7), which issuing it
-// near the end does not, and short kernels gain as much.
-__device__ __forceinline__ void grid_launch_dependents() {
-    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
-}
-
 // Waits until the grids this one depends on have completed and their memory operations are
 // visible. Returns at once when the kernel was launched without a programmatic dependency.
 __device__ __forceinline__ void grid_dependency_wait() {

@@ -239,8 +239,11 @@ __device__ __forceinline__ void release_stage(const SharedStorage<Cfg>& smem, in
 // Launched with programmatic stream serialization (launch.py), the kernel may start while the
 // previous kernel of the stream still runs: this prologue touches only shared memory and the
 // kernel's parameters, and grid_dependency_wait() at its end holds every global-memory access
-// (TMA loads and stores, split-K's workspace) until that kernel's writes are visible. (Each
-// skeleton's producer lets the next kernel be scheduled once it has issued its last load.)
+// (TMA loads and stores, split-K's workspace) until that kernel's writes are visible. No
+// kernel issues griddepcontrol.launch_dependents, so the next kernel is scheduled as this one's
+// CTAs exit: issued from the prologue, that trigger cost long kernels 2-5 % on an H100
+// (bench/NOTES.md v0.7); after the producer's last load, grids of 68-107 CTAs over long main
+// loops up to 5.8 us a call on an H200, and before gemv's store 1 x 8192 x 8192 2 us (v0.64).
 template <class Cfg>
 __device__ __forceinline__ SharedStorage<Cfg> setup_shared_storage(unsigned char* smem_raw,
                                                                    const TensorMap* map_a,
