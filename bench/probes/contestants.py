@@ -1,7 +1,7 @@
 """What the probes share (not part of hopmm): the cuBLAS side, cupy.matmul and, where torch
 imports, torch.matmul on the same input sets, each a function of the input set's index, to time
-beside the probe's own contestants (bench/NOTES.md: cuBLAS in the same run); and the line and
-JSON each product's timings go to."""
+beside the probe's own contestants (bench/NOTES.md: cuBLAS in the same run); the check of the
+probe's own contestants; and the line and JSON each product's timings go to."""
 import json
 
 import cupy
@@ -18,6 +18,22 @@ def cublas_contestants(a, b, out=None) -> dict:
     pairs = [(torch.from_dlpack(x), torch.from_dlpack(y)) for x, y in zip(a, b)]
     contestants["torch"] = lambda i: torch.matmul(*pairs[i])
     return contestants
+
+
+def drop_wrong(runs: dict, a0, b0, c, max_rel_err: float) -> dict:
+    """Runs each of `runs` (name: run(i) writing a[i] @ b[i] into c) on input set 0 into c
+    poisoned with NaN first, against cupy.matmul of a0 and b0 in fp32; removes from `runs`
+    those off by max_rel_err or more (or NaN) and returns {name: relative error} of them."""
+    ref = cupy.matmul(a0.astype(cupy.float32), b0.astype(cupy.float32))
+    errors = {}
+    for name, run in list(runs.items()):
+        c.fill(cupy.nan)
+        run(0)
+        err = float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
+        if not err < max_rel_err:   # NaN fails too
+            errors[name] = err
+            del runs[name]
+    return errors
 
 
 def report(label: str, row: dict, rows: list, out_path: str) -> None:

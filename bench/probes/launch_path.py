@@ -25,7 +25,8 @@ from hopmm import heuristics, launch, layout, operands
 from hopmm.device import query
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, report
+from contestants import cublas_contestants, drop_wrong, report
+from fixed_cost import GRAPH_CALLS, graph_of
 
 DEFAULT_SHAPES = ("10624x64x3904 5312x64x4864 10624x64x64 5312x64x64 4160x128x4736 "
                   "11328x128x2624 2048x2048x2048 1024x1024x1024").split()
@@ -33,7 +34,6 @@ DTYPE = "bfloat16"
 INPUT_SETS = 2
 ROUNDS = 5
 WARMUP_S = 0.1
-GRAPH_CALLS = 20
 MAX_REL_ERR = 2e-2
 
 
@@ -63,23 +63,6 @@ def _launch_runs(a, b, c, programmatic: bool):
     return run
 
 
-def _graph(run, stream):
-    """run(i) GRAPH_CALLS times (input sets in turn) captured on `stream`, or None."""
-    try:
-        with stream:
-            stream.begin_capture()
-            for i in range(GRAPH_CALLS):
-                run(i % INPUT_SETS)
-            return stream.end_capture()
-    except Exception as exc:  # noqa: BLE001 - a probe reports what it could not capture
-        try:
-            stream.end_capture()
-        except Exception:  # noqa: BLE001
-            pass
-        print(f"  capture failed: {type(exc).__name__}: {exc}")
-        return None
-
-
 def probe(m: int, n: int, k: int, stream) -> dict:
     a = [_rand((m, k)) for _ in range(INPUT_SETS)]
     b = [_rand((k, n)) for _ in range(INPUT_SETS)]
@@ -87,25 +70,17 @@ def probe(m: int, n: int, k: int, stream) -> dict:
     runs = {"api": lambda i: hopmm.matmul(a[i], b[i], out=c),
             "launches": _launch_runs(a, b, c, programmatic=True),
             "plain": _launch_runs(a, b, c, programmatic=False)}
-    ref = cupy.matmul(a[0].astype(cupy.float32), b[0].astype(cupy.float32))
-    errors = {}
-    for name, run in list(runs.items()):
-        c.fill(cupy.nan)
-        run(0)
-        err = float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
-        if not err < MAX_REL_ERR:   # NaN fails too
-            errors[name] = err
-            del runs[name]
+    errors = drop_wrong(runs, a[0], b[0], c, MAX_REL_ERR)
+    sets = [(i,) for i in range(INPUT_SETS)]
     # Captured on a side stream (the legacy stream cannot capture), replayed on the current
     # one, where every contestant is timed (torch's current stream is the same).
-    graphs = {f"{name}_graph": _graph(runs[name], stream) for name in ("api", "plain")
+    graphs = {f"{name}_graph": graph_of(runs[name], sets, stream) for name in ("api", "plain")
               if name in runs}
     contestants = dict(runs)
     contestants.update({name: (lambda i, g=g: g.launch())
                         for name, g in graphs.items() if g is not None})
     contestants.update(cublas_contestants(a, b, out=c))
-    seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
-                                  WARMUP_S)
+    seconds = interleaved_medians(contestants, sets, ROUNDS, WARMUP_S)
     us = {name: s * 1e6 / (GRAPH_CALLS if name.endswith("_graph") else 1)
           for name, s in seconds.items()}
     return dict(shape=[m, n, k], us=us, errors=errors,

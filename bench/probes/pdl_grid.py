@@ -20,7 +20,7 @@ import hopmm
 from hopmm import render
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, report
+from contestants import cublas_contestants, drop_wrong, report
 from launch_path import INPUT_SETS, MAX_REL_ERR, ROUNDS, WARMUP_S, _launch_runs, _rand
 
 DEFAULT_SHAPES = [f"{m}x{n}x{k}" for n, ms in ((16, (4224, 10624, 16896)),
@@ -37,15 +37,7 @@ def probe(m: int, n: int, k: int) -> dict:
     c = cupy.empty((m, n), a[0].dtype)
     runs = {"pdl": _launch_runs(a, b, c, programmatic=True),
             "plain": _launch_runs(a, b, c, programmatic=False)}
-    ref = cupy.matmul(a[0].astype(cupy.float32), b[0].astype(cupy.float32))
-    errors = {}
-    for name, run in list(runs.items()):
-        c.fill(cupy.nan)
-        run(0)
-        err = float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
-        if not err < MAX_REL_ERR:   # NaN fails too
-            errors[name] = err
-            del runs[name]
+    errors = drop_wrong(runs, a[0], b[0], c, MAX_REL_ERR)
     contestants = dict(runs)
     contestants.update(cublas_contestants(a, b, out=c))
     seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,

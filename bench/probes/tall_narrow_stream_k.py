@@ -21,7 +21,7 @@ from hopmm.device import query
 from hopmm.schedules import BLOCK_M, NARROW_BLOCK_N, StreamKSchedule
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, report
+from contestants import cublas_contestants, drop_wrong, report
 
 INPUT_SETS = 3
 ROUNDS = 5
@@ -84,19 +84,11 @@ def probe(m, n, k, dtype, device, tiles) -> dict:
     b = [cupy.random.standard_normal((k, n), dtype=cupy.float32).astype(dtype)
          for _ in range(INPUT_SETS)]
     c = cupy.empty((m, n), dtype)
-    ref = cupy.matmul(a[0].astype(cupy.float32), b[0].astype(cupy.float32))
     streams, problem = stream_k_runs(a, b, c, device, tiles)
     pick = heuristics.choose(problem, device)
     contestants = {"pick": lambda i: hopmm.matmul(a[i], b[i], out=c)}
     contestants.update({name: run for name, (run, _) in streams.items()})
-    errors = {}
-    for name, run in list(contestants.items()):
-        c.fill(cupy.nan)
-        run(0)
-        err = float(cupy.linalg.norm(c.astype(cupy.float32) - ref) / cupy.linalg.norm(ref))
-        if not err < MAX_REL_ERR:   # NaN fails too
-            errors[name] = err
-            del contestants[name]
+    errors = drop_wrong(contestants, a[0], b[0], c, MAX_REL_ERR)
     contestants.update(cublas_contestants(a, b))
     seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
                                   WARMUP_S)
