@@ -204,7 +204,8 @@ class Choice:
 @dataclass(frozen=True)
 class Tail:
     """The last rows (axis "m") or columns (axis "n") of a problem from `start` on, computed
-    by `choice` after the rest; `whole` is the choice that covers the problem alone."""
+    by `choice` after the rest; `whole` is the choice that covers the problem alone (the
+    pick the tail was weighed against, or the stream-K that displaces it: wave_tail_choice)."""
     axis: str
     start: int
     choice: Choice
@@ -1415,8 +1416,8 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
     config with the row store where that fits; else, unless the schedule was `forced`, the
     same tile on the single-set kernel (SINGLE_SET_OF_OVERLAP); None where neither (split-K,
     gemv: the result goes through an aligned buffer). A choice with a tail keeps it where
-    both parts store their rows, else falls back to its whole choice (or the stream-K that
-    displaces that on the narrow tile); the choice a sub-wave
+    both parts store their rows, else falls back to the choice that covers the problem alone
+    (Tail.whole); the choice a sub-wave
     stream-K choice displaced stores its rows too, as does the choice a transposed choice
     displaced (which stores through TMA only)."""
     if choice.config.trans_c:   # (an autotuned one displaced none: its result is copied)
@@ -1431,12 +1432,7 @@ def row_store_choice(choice: Choice, problem: Problem, device: DeviceInfo,
         tail = row_store_choice(choice.tail.choice, tail_p, device, forced)
         if main is not None and tail is not None:
             return replace(main, tail=replace(choice.tail, choice=tail))
-        # Without its tail the whole choice runs a partial last wave: stream-K on the narrow
-        # tile where that rule takes it (_whole_line_narrow_stream_k).
-        whole = choice.tail.whole
-        if not forced:
-            whole = _whole_line_narrow_stream_k(whole, problem, device) or whole
-        return row_store_choice(whole, problem, device, forced)
+        return row_store_choice(choice.tail.whole, problem, device, forced)
     sched = choice.schedule
     if not sched.row_store_ok:
         return None
@@ -2650,5 +2646,8 @@ def wave_tail_choice(whole: Choice, problem: Problem, device: DeviceInfo,
            f"their own ({tail.schedule.name}, predicted {tail_us:.1f} us): {us:.1f} us by the "
            f"wave model against {whole_us:.1f} us for the whole on {whole.schedule.name} "
            f"{whole.config.block_m}x{whole.config.block_n}")
+    # Where the tail is dropped (row_store_choice) the whole choice runs its partial last
+    # wave, which stream-K on the narrow tile spreads over every SM where that rule takes it.
+    alone = _whole_line_narrow_stream_k(whole, problem, device) or whole
     return Choice(sched, cfg, _with_memory_plan(why, cfg, device, group), group,
-                  tail=Tail(axis, start, tail, whole))
+                  tail=Tail(axis, start, tail, alone))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import hopmm
-from hopmm import api, compile as compiler, epilogue, sass
+from hopmm import api, compile as compiler, device, epilogue, launch, sass
 from hopmm.device import H100_SXM
 from hopmm.epilogue import ACTIVATIONS, EpilogueSpec
 from hopmm.schedules import SCHEDULES, PersistentSchedule
@@ -360,3 +360,17 @@ def test_fused_bench_table_and_arguments():
     args = module.parse_args([])
     assert args.dtypes == ["bf16", "fp16"] and not args.quick
     assert (4096, 14336, 4096) in module.BIAS_SHAPES and (8192, 8192, 1024) in module.C_SHAPES
+
+
+def test_a_row_store_that_drops_its_wave_tail_keeps_the_chain(simulated_gpu, monkeypatch):
+    """C rows of 60 bytes from B's line copy: the wave tail (split-K, no row store) is dropped
+    and stream-K on the narrow tile runs the whole product (heuristics.wave_tail_choice);
+    that kernel applies the chain too."""
+    for module in (device, launch):
+        monkeypatch.setattr(module, "query", lambda device_id: device.H100_SXM_CLUSTERS)
+    a, b = rand((17418, 4096)), rand((4096, 30))
+    kw = dict(bias=rand((30,)), activation="relu")
+    text = hopmm.explain(a, b, **kw)
+    assert "schedule: stream_k\n" in text and "the epilogue stores the rows itself" in text
+    _close(hopmm.matmul(a, b, **kw), _reference(a, b, **kw))
+    assert SimulatedLaunch.last.epilogue_spec is not None

@@ -204,3 +204,11 @@ def test_a_row_store_without_its_wave_tail_takes_stream_k():
     stream-K on the narrow tile stores the rows over every SM instead of a partial last wave."""
     check_call(17418, 30, 4096, "bfloat16", False, False, "schedule: stream_k\n",
                "the epilogue stores the rows itself", "stream-K on the narrow tile instead of")
+
+
+def test_a_row_store_without_its_wave_tail_fuses_its_epilogue():
+    """The same product with bias, c, alpha, beta and gelu: the stream-K that runs without the
+    tail applies the epilogue (it was weighed where the tail was made, before the epilogue)."""
+    text = check_fused_into_c(*operands(17418, 30, 4096, "bfloat16"), "columns")
+    assert "schedule: stream_k\n" in text and "fused into the kernel" in text, text
+    assert "the epilogue stores the rows itself" in text, text

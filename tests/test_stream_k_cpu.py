@@ -560,7 +560,9 @@ def test_a_line_copy_is_weighed_on_the_narrow_pick():
 def test_a_row_store_that_drops_a_wave_tail_weighs_the_whole_line_rule():
     """A narrow pick whose wave tail cannot store unaligned rows (split-K's) falls back to the
     whole choice, over a partial last wave: stream-K on the narrow tile where the rule takes
-    it, both storing rows; a forced schedule keeps the whole choice."""
+    it, both storing rows, a fused epilogue in both (the rule is weighed where the tail is
+    made, before the epilogue is added); a forced schedule (which takes no tail) keeps its
+    own choice."""
     p = replace(in_place(17418, 30, 16528), b_pitch_aligned=True)   # B's copy, 60-byte C rows
     c = heuristics.choose(p, H200)
     assert c.tail is not None and not c.tail.choice.schedule.row_store_ok
@@ -568,5 +570,11 @@ def test_a_row_store_that_drops_a_wave_tail_weighs_the_whole_line_rule():
     assert stored.schedule is SK and stored.config.row_store and stored.tail is None
     assert stored.instead is not None and stored.instead.config.row_store
     assert stored.instead.tail is None and stored.instead.schedule is PersistentSchedule
-    forced = heuristics.row_store_choice(c, p, H200, forced=True)
+    spec = EpilogueSpec("relu", bias=True)
+    fused = heuristics.row_store_choice(heuristics.with_epilogue(c, spec), p, H200)
+    assert fused.schedule is SK and fused.config.row_store and fused.config.epilogue == spec
+    assert fused.instead.config.epilogue == spec
+    own = heuristics.choose(p, H200, "persistent")
+    assert own.tail is None
+    forced = heuristics.row_store_choice(own, p, H200, forced=True)
     assert forced.schedule is PersistentSchedule and forced.tail is None
