@@ -1,10 +1,13 @@
 """What the probes share (not part of hopmm): the cuBLAS side, cupy.matmul and, where torch
 imports, torch.matmul on the same input sets, each a function of the input set's index, to time
-beside the probe's own contestants (bench/NOTES.md: cuBLAS in the same run); the check of the
-probe's own contestants; and the line and JSON each product's timings go to."""
+beside the probe's own contestants (bench/NOTES.md: cuBLAS in the same run); a choice's own
+launches as such a contestant; the check of the probe's own contestants; and the line and JSON
+each product's timings go to."""
 import json
 
 import cupy
+
+from hopmm import launch, layout, operands
 
 
 def cublas_contestants(a, b, out=None) -> dict:
@@ -18,6 +21,24 @@ def cublas_contestants(a, b, out=None) -> dict:
     pairs = [(torch.from_dlpack(x), torch.from_dlpack(y)) for x, y in zip(a, b)]
     contestants["torch"] = lambda i: torch.matmul(*pairs[i])
     return contestants
+
+
+def kernel_calls(a, b) -> list:
+    """The kernel's operands of each input set (a[i], b[i]): aligned copies where needed, and
+    the problem as the kernel reads it (calls[0].problem)."""
+    shapes = layout.matmul_shapes(a[0].shape, b[0].shape)
+    return [operands.kernel_operands(x, y, shapes) for x, y in zip(a, b)]
+
+
+def launch_run(choice, calls, c):
+    """run(i): `choice`'s launches (built now) on input set i's operands (`calls`, from
+    kernel_calls) into c."""
+    runs = [launch.build_launches(choice, call.problem, call.a3, call.a_map, call.b3,
+                                  call.b_map, c[None]) for call in calls]
+
+    def run(i):
+        launch.launch_all(runs[i], calls[i].a3.data.ptr, calls[i].b3.data.ptr, c.data.ptr)
+    return run
 
 
 def drop_wrong(runs: dict, a0, b0, c, max_rel_err: float) -> dict:

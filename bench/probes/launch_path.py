@@ -21,11 +21,11 @@ import sys
 import cupy
 
 import hopmm
-from hopmm import heuristics, launch, layout, operands
+from hopmm import heuristics, launch
 from hopmm.device import query
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, drop_wrong, report
+from contestants import cublas_contestants, drop_wrong, kernel_calls, launch_run, report
 from fixed_cost import GRAPH_CALLS, graph_of
 
 DEFAULT_SHAPES = ("10624x64x3904 5312x64x4864 10624x64x64 5312x64x64 4160x128x4736 "
@@ -44,23 +44,17 @@ def _rand(shape):
 def _launch_runs(a, b, c, programmatic: bool):
     """A function of the input set's index launching the heuristic's plan for (a[i], b[i])
     into c, with or without programmatic dependent launch (read when launches are built)."""
-    shapes = layout.matmul_shapes(a[0].shape, b[0].shape)
-    calls = [operands.kernel_operands(a[i], b[i], shapes) for i in range(INPUT_SETS)]
+    calls = kernel_calls(a, b)
     choice = heuristics.choose(calls[0].problem, query(cupy.cuda.Device().id))
     saved = os.environ.get(launch.PDL_ENV)
     os.environ[launch.PDL_ENV] = "1" if programmatic else "0"
     try:
-        runs = [launch.build_launches(choice, cl.problem, cl.a3, cl.a_map, cl.b3, cl.b_map,
-                                      c[None]) for cl in calls]
+        return launch_run(choice, calls, c)
     finally:
         if saved is None:
             del os.environ[launch.PDL_ENV]
         else:
             os.environ[launch.PDL_ENV] = saved
-
-    def run(i):
-        launch.launch_all(runs[i], calls[i].a3.data.ptr, calls[i].b3.data.ptr, c.data.ptr)
-    return run
 
 
 def probe(m: int, n: int, k: int, stream) -> dict:

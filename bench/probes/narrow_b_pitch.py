@@ -13,13 +13,12 @@ import sys
 
 import cupy
 
-from hopmm import launch, layout, operands
 from hopmm.device import query
 from hopmm.heuristics import Choice
 from hopmm.schedules import BLOCK_M, NARROW_BLOCK_N, PersistentSchedule
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, report
+from contestants import cublas_contestants, kernel_calls, launch_run, report
 
 DEFAULT_SHAPES = ("29504x24x896 17664x24x1984 11200x24x3264 26816x24x3840 24320x24x1856 "
                   "25088x40x1024 15616x40x2560 19200x56x1536 18240x56x2816 25984x48x896 "
@@ -44,19 +43,11 @@ def pitches(n: int) -> list[int]:
 
 def narrow_run(a, bs, c, device):
     """A function of the input set's index running the narrow tile on (a[i], bs[i]) into c."""
-    shapes = layout.matmul_shapes(a[0].shape, bs[0].shape)
-    calls = [operands.kernel_operands(a[i], bs[i], shapes) for i in range(INPUT_SETS)]
+    calls = kernel_calls(a, bs)
     problem = calls[0].problem
     cfg = PersistentSchedule.deepest(problem.dtype, NARROW_BLOCK_N, problem.trans_a,
                                      problem.trans_b, device.smem_per_block_optin, BLOCK_M)
-    choice = Choice(PersistentSchedule, cfg, "probe", 1)
-    c3 = c[None]
-    runs = [launch.build_launches(choice, problem, cl.a3, cl.a_map, cl.b3, cl.b_map, c3)
-            for cl in calls]
-
-    def run(i):
-        launch.launch_all(runs[i], calls[i].a3.data.ptr, calls[i].b3.data.ptr, c3.data.ptr)
-    return run
+    return launch_run(Choice(PersistentSchedule, cfg, "probe", 1), calls, c)
 
 
 def probe(m: int, n: int, k: int, device) -> dict:

@@ -16,12 +16,12 @@ import sys
 import cupy
 
 import hopmm
-from hopmm import heuristics, launch, layout, operands
+from hopmm import heuristics
 from hopmm.device import query
 from hopmm.schedules import BLOCK_M, NARROW_BLOCK_N, StreamKSchedule
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, drop_wrong, report
+from contestants import cublas_contestants, drop_wrong, kernel_calls, launch_run, report
 
 INPUT_SETS = 3
 ROUNDS = 5
@@ -56,25 +56,18 @@ def stream_k_choices(problem, device, tiles) -> list:
 
 def stream_k_runs(a, b, c, device, tiles) -> dict:
     """{name: (run(i), model us or None)} for each stream-K choice on `tiles`."""
-    shapes = layout.matmul_shapes(a[0].shape, b[0].shape)
-    calls = [operands.kernel_operands(a[i], b[i], shapes) for i in range(INPUT_SETS)]
+    calls = kernel_calls(a, b)
     problem = calls[0].problem
-    c3 = c[None]
     out = {}
     for choice in stream_k_choices(problem, device, tiles):
         cfg = choice.config
         lanes = StreamKSchedule.lanes(problem, cfg, choice.raster_group)
-        runs = [launch.build_launches(choice, problem, cl.a3, cl.a_map, cl.b3, cl.b_map, c3)
-                for cl in calls]
-
-        def run(i, runs=runs):
-            launch.launch_all(runs[i], calls[i].a3.data.ptr, calls[i].b3.data.ptr, c3.data.ptr)
         try:
             model = heuristics._choice_us(choice, problem, device)
         except (KeyError, ValueError):   # a tile the heuristic has no speed for
             model = None
         name = f"stream_k {cfg.block_m}x{cfg.block_n} {lanes} lanes {choice.splits} CTAs"
-        out[name] = (run, model)
+        out[name] = (launch_run(choice, calls, c), model)
     return out, problem
 
 
