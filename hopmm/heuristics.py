@@ -117,14 +117,17 @@ CLUSTER_SPLIT_MIN_K_BLOCKS = 8
 #                 all CTAs' operand tiles / PARALLEL_L2_TBPS)
 #             +  PARALLEL_HANDOFF_US  +  s * PARALLEL_SPLIT_US
 #   k-block = (PARALLEL_KBLOCK_US[tile] + ZERO_ROW_US * zero-filled rows of the worst tile)
-#             * (1 + PARALLEL_LOAD * the share of the SMs the CTAs take)
+#             * (1 + PARALLEL_LOAD / dram_scale * the share of the SMs the CTAs take)
 # The k-block times are those of a CTA streaming alone; with every SM busy each takes
-# 1 + PARALLEL_LOAD times as long (L2 and DRAM shared). A row TMA zero-fills past the
-# problem's edge costs far less than a loaded one. The DRAM rate is what the kernel's TMA
-# loads of B reach; the L2 term binds where many CTAs load narrow tiles. The 64 x 192 tile's
-# k-block time is fitted apart, to 45 timings of 16 products of 192 columns (6 % rms; NOTES
-# v0.47): one column of its tiles covers 129-192 columns, where 128-wide tiles compute a
-# second column a quarter full and read every A tile twice.
+# 1 + PARALLEL_LOAD times as long on the H100 (L2 and DRAM shared), a share of it that a faster
+# DRAM relieves: PARALLEL_LOAD / dram_scale. Unscaled, this model's picks of 128-row tiles ran
+# 1.035 x it on an H200 (4.8 TB/s) and 1.16 x on the H100, split_k's 1.12-1.13 x its own on
+# both; scaled, the 26 picks it moved on sweep and mid-row draws ran 1.05 x (NOTES v0.65).
+# A row TMA zero-fills past the problem's edge costs far less than a loaded one. The DRAM rate
+# is what the kernel's TMA loads of B reach; the L2 term binds where many CTAs load narrow
+# tiles. The 64 x 192 tile's k-block time is fitted apart, to 45 timings of 16 products of
+# 192 columns (6 % rms; NOTES v0.47): one column of its tiles covers 129-192 columns, where
+# 128-wide tiles compute a second column a quarter full and read every A tile twice.
 PARALLEL_MIN_K_BLOCKS = 4
 PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.15, (WGMMA_M, 192): 0.25, (WGMMA_M, 256): 0.28,
                       (BLOCK_M, 128): 0.26}
@@ -511,7 +514,7 @@ def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int]
     `busy` the share of the SMs its CTAs take, `tile_bytes` the operand tiles all its CTAs
     load (through L2), `dram_scale` the device's DRAM rate over the H100's (dram_scale)."""
     kblock_us = ((PARALLEL_KBLOCK_US[tile] + zero_rows * ZERO_ROW_US)
-                 * (1 + PARALLEL_LOAD * min(busy, 1.0)))
+                 * (1 + PARALLEL_LOAD / dram_scale * min(busy, 1.0)))
     return (max(-(-k_blocks // splits) * kblock_us,
                 operand_bytes / (PARALLEL_DRAM_TBPS * dram_scale * 1e6),
                 tile_bytes / (PARALLEL_L2_TBPS * 1e6))

@@ -740,6 +740,24 @@ def test_parallel_model_terms():
     assert est(1024, 4, tile, ops, busy=1.0) == pytest.approx(
         1024 / 4 * heuristics.PARALLEL_KBLOCK_US[tile] * (1 + heuristics.PARALLEL_LOAD)
         + heuristics.PARALLEL_HANDOFF_US + 4 * heuristics.PARALLEL_SPLIT_US)
+    # a faster DRAM relieves the load of the other SMs by its factor over the H100's
+    faster = heuristics.parallel_split_estimate_us(1024, 4, tile, ops, busy=1.0, dram_scale=1.5)
+    assert faster == pytest.approx(
+        1024 / 4 * heuristics.PARALLEL_KBLOCK_US[tile] * (1 + heuristics.PARALLEL_LOAD / 1.5)
+        + heuristics.PARALLEL_HANDOFF_US + 4 * heuristics.PARALLEL_SPLIT_US)
+
+
+@pytest.mark.parametrize("m,n,k", [(576, 768, 26816), (768, 768, 10688), (320, 1344, 24896)])
+def test_a_faster_dram_moves_chained_splits_to_the_parallel_reduction(m, n, k):
+    """Split three or four ways on 128 x 128 tiles: the H100's model puts split_k's chain
+    ahead; with an H200's DRAM the other SMs slow split_k_parallel's k-blocks less, and it ran
+    1.14-1.17 x split_k there (NOTES v0.65)."""
+    h100 = choose(m, n, k, device=H100_CLUSTERS)
+    h200 = choose(m, n, k, device=replace(H100_CLUSTERS, dram_tbps=4.81))
+    assert h100.schedule is SplitKSchedule
+    assert h200.schedule is SplitKParallelSchedule
+    assert (h200.config.block_m, h200.config.block_n, h200.splits) == \
+        (h100.config.block_m, h100.config.block_n, h100.splits)
 
 
 @pytest.mark.parametrize("m,n,k", [(192, 4288, 21696), (189, 4279, 31326), (448, 256, 16448),
