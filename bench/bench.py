@@ -319,9 +319,18 @@ def write_json(path, metadata: dict, rows: list[dict]) -> Path:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(_json_safe({"metadata": metadata, "rows": rows}), indent=2, default=str) + "\n")
+    tmp.write_text(results_text(_json_safe(metadata), _json_safe(rows)))
     os.replace(tmp, path)
     return path
+
+
+def results_text(metadata: dict, rows: list[dict]) -> str:
+    """The JSON of a results file: the metadata indented, each row on a line of its own (a
+    sweep's 200 rows indented took 0.9 MB; on one line each, half of that, and still one line
+    per shape to read or grep)."""
+    rows_text = ",\n".join(json.dumps(row, default=str) for row in rows)
+    return ('{\n"metadata": ' + json.dumps(metadata, indent=2, default=str)
+            + ',\n"rows": [\n' + rows_text + "\n]}\n")
 
 
 def load_json(path) -> tuple[dict, list[dict]]:

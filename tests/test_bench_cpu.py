@@ -284,6 +284,10 @@ def test_json_round_trip(tmp_path):
     path = bench.write_json(tmp_path / "sub" / "bench.json", meta, rows)
     assert bench.load_json(path) == (meta, rows)
     assert not list(path.parent.glob("*.tmp"))
+    # one line a row: the file stays small and a shape's row can be grepped
+    row_lines = [line.rstrip(",") for line in path.read_text().splitlines()
+                 if line.startswith('{"')]
+    assert [json.loads(line) for line in row_lines] == rows
 
 
 def test_json_stores_nan_as_null(tmp_path):
