@@ -60,8 +60,12 @@ struct TmaStoreEpilogue {
     // the line's place in its 8-line atom. With 128-byte rows that is the row's place in its
     // 8 rows; half boxes (64-byte rows) lay two rows in a line.
     __device__ __forceinline__ static u32 box_chunk(u32 box, int row, int chunk) {
-        const u32 offset = row * S::kCBoxRowBytes + chunk * 16;
-        return box + (offset ^ (((offset / kSwizzleBytes) % 8) * 16));
+        if constexpr (S::kCBoxRowBytes == kSwizzleBytes) {
+            return box + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+        } else {
+            const u32 offset = row * S::kCBoxRowBytes + chunk * 16;
+            return box + (offset ^ (((offset / kSwizzleBytes) % 8) * 16));
+        }
     }
 
     __device__ __forceinline__ static u32 pack(float lo, float hi) {
