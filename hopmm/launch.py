@@ -14,7 +14,8 @@ from .heuristics import Choice
 from .device import query
 from .layout import PHASES, BatchMapping
 from .problem import LINE_BYTES, Problem
-from .schedules import ELEM_BYTES, F32_BYTES, GEMV_VEC, TMA_BOX_ELEMS, WORKSPACE_BOX
+from .schedules import (ELEM_BYTES, F32_BYTES, GEMV_VEC, TMA_BOX_ELEMS, WORKSPACE_BOX,
+                        c_box_cols)
 
 
 class KernelResourceError(compiler.ResourceError):
@@ -187,9 +188,10 @@ def _stride(stride: int, extent: int, fallback: int) -> int:
     return stride if extent > 1 else fallback
 
 
-def matrix_spec(x3, major: str, box_rows: int) -> tma.TensorMapSpec:
+def matrix_spec(x3, major: str, box_rows: int,
+                box_cols: int = TMA_BOX_ELEMS) -> tma.TensorMapSpec:
     """Tensor map of a (batch, rows, cols) array whose `major` axis is contiguous; the box is
-    64 contiguous elements by `box_rows` of the other axis."""
+    `box_cols` (64) contiguous elements by `box_rows` of the other axis."""
     nb, rows, cols = x3.shape
     sb, sr, sc = x3.strides
     item = x3.itemsize
@@ -202,7 +204,7 @@ def matrix_spec(x3, major: str, box_rows: int) -> tma.TensorMapSpec:
     batch_stride = _stride(sb, nb, outer_stride * outer if outer > 1 else free)
     return tma.TensorMapSpec(dtype=x3.dtype.name, address=x3.data.ptr, dims=(inner, outer, nb),
                              strides_bytes=(outer_stride, batch_stride),
-                             box=(TMA_BOX_ELEMS, box_rows, 1))
+                             box=(box_cols, box_rows, 1))
 
 
 def phased_specs(x3) -> list[tuple[int, tma.TensorMapSpec]]:
@@ -448,7 +450,8 @@ def _tile_launches(choice: Choice, problem: Problem, a3, a_map: BatchMapping, b3
         templates.append(ADDRESS_SLOT)
         row_store_ints = (problem.m, problem.n, *row_store_strides(c3))
     else:
-        templates.append(_map_template(matrix_spec(c3, "cols", sched.c_box_rows)))
+        templates.append(_map_template(matrix_spec(c3, "cols", sched.c_box_rows,
+                                                   c_box_cols(cfg))))
         row_store_ints = ()
     if sched.b_operands == 2:
         # The second B (and the second C of a pair of outputs) has the shape and strides of

@@ -29,7 +29,7 @@ TALL_BLOCK_M = 3 * WGMMA_M
 # (heuristics.NARROW_BLOCK_N), where a 128-wide tile would compute as many columns again that
 # no store writes and leave fewer stages.
 NARROW_BLOCK_N = 64
-WGMMA_NS = (64, 128, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
+WGMMA_NS = (64, 128, 160, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
 MIN_STAGES = 2
@@ -48,7 +48,8 @@ SWIZZLE_ATOM_ROWS = 8
 CLUSTER_PAIR = 2          # CTAs per thread-block cluster of the cluster schedule
 CLUSTER_QUAD = 4          # ... and of its four-CTA variant
 # The epilogue stages each consumer's part of the output tile box by box (64 rows x 64
-# columns, one TMA store each) through a ring of staging boxes (epilogue_tma_store.cuh).
+# columns, one TMA store each) through a ring of staging boxes (epilogue_tma_store.cuh);
+# tiles whose width is not a multiple of 64 (160) in boxes of half as many columns.
 C_BOX_BYTES = WGMMA_M * TMA_BOX_ELEMS * ELEM_BYTES
 # Two staging boxes per consumer at the least, so that one box's store overlaps the staging
 # of the next. Stages come first: the ring gets at least this many boxes and then whatever
@@ -121,6 +122,9 @@ class KernelConfig:
             raise ValueError("a_pitch_mod8 (phased A): whole K-major A tiles (no a_rows)")
         if self.b_pitch_mod8 and not self.trans_b:
             raise ValueError("b_pitch_mod8 (phased B): an N-major B")
+        if self.block_n % TMA_BOX_ELEMS and (self.trans_c or self.b_pitch_mod8):
+            raise ValueError(f"block_n = {self.block_n} (half a box of B and C): no trans_c "
+                             f"or b_pitch_mod8")
         if self.trans_c and (self.epilogue is not None or self.row_store or is_phased(self)):
             raise ValueError("trans_c: a plain product stored through TMA (no epilogue, "
                              "row_store or phase maps)")
@@ -142,6 +146,23 @@ class KernelConfig:
         transposed = "_ct" if self.trans_c else ""
         return (f"{dt}_{self.block_m}x{self.block_n}x{self.block_k}_s{self.stages}"
                 f"_c{self.c_buffers}{trim}{fused}{rows}{phased}{transposed}_{layout}")
+
+
+def c_box_cols(cfg: KernelConfig) -> int:
+    """Columns of the epilogue's staging and TMA store box (tile_config.cuh kCBoxElems): 64,
+    or 32 where the tile's width is not a multiple of 64."""
+    return TMA_BOX_ELEMS if cfg.block_n % TMA_BOX_ELEMS == 0 else TMA_BOX_ELEMS // 2
+
+
+def c_box_bytes(cfg: KernelConfig) -> int:
+    """Bytes of one staging box: 64 rows of c_box_cols."""
+    return WGMMA_M * c_box_cols(cfg) * ELEM_BYTES
+
+
+def b_tile_cols(cfg: KernelConfig) -> int:
+    """Columns of B a stage holds (tile_config.cuh kBBoxes): whole 64-wide boxes, the last
+    one half used where the tile's width is not a multiple of 64."""
+    return -(-cfg.block_n // TMA_BOX_ELEMS) * TMA_BOX_ELEMS
 
 
 def raw_bytes(cfg: KernelConfig) -> int:
@@ -215,6 +236,8 @@ class WarpSpecializedSchedule:
     tall_block_ns: tuple = ()
     # Widths this schedule also offers as WGMMA_M-row tiles (one consumer warpgroup).
     short_block_ns: tuple = ()
+    # 128-row widths it renders only when named (trial_tile_shapes).
+    trial_block_ns: tuple = ()
     # CTAs per thread-block cluster (1: no cluster).
     cluster_size = 1
     # The most operand stages worth having (None: as many as fit).
@@ -267,29 +290,29 @@ class WarpSpecializedSchedule:
     @classmethod
     def stage_bytes(cls, cfg: KernelConfig) -> int:
         """A stage's operand tiles, and the phased operands' raw buffers (raw_bytes)."""
-        return ((cfg.block_m + cls.b_operands * cfg.block_n) * cfg.block_k * ELEM_BYTES
+        return ((cfg.block_m + cls.b_operands * b_tile_cols(cfg)) * cfg.block_k * ELEM_BYTES
                 + raw_bytes(cfg))
 
     @classmethod
     def stage_load_bytes(cls, cfg: KernelConfig) -> int:
         """Bytes TMA brings into one stage: the A rows it loads and the B tile(s)."""
-        return (cfg.a_load_rows + cls.b_operands * cfg.block_n) * cfg.block_k * ELEM_BYTES
+        return (cfg.a_load_rows + cls.b_operands * b_tile_cols(cfg)) * cfg.block_k * ELEM_BYTES
 
     @classmethod
     def c_boxes(cls, cfg: KernelConfig) -> int:
         """Staging boxes of one consumer's whole part of the output tile."""
-        return cls.consumer_rows(cfg) // WGMMA_M * (cfg.block_n // TMA_BOX_ELEMS)
+        return cls.consumer_rows(cfg) // WGMMA_M * (cfg.block_n // c_box_cols(cfg))
 
     @classmethod
     def epilogue_bytes(cls, cfg: KernelConfig) -> int:
-        return cfg.consumers * cfg.c_buffers * C_BOX_BYTES
+        return cfg.consumers * cfg.c_buffers * c_box_bytes(cfg)
 
     @classmethod
     def smem_note(cls, cfg: KernelConfig) -> str:
         """How the epilogue's shared memory is laid out (hopmm.explain)."""
         whole = cls.c_boxes(cfg)
         ring = ("the whole tile" if cfg.c_buffers == whole
-                else f"a ring of {cfg.c_buffers} of its {whole} 64x64 boxes")
+                else f"a ring of {cfg.c_buffers} of its {whole} 64x{c_box_cols(cfg)} boxes")
         return (f"separate epilogue staging, {ring} per consumer"
                 + (", stores overlap the next tile" if cls.overlap_store else ""))
 
@@ -329,10 +352,18 @@ class WarpSpecializedSchedule:
                 + [(WGMMA_M, n) for n in cls.short_block_ns])
 
     @classmethod
+    def trial_tile_shapes(cls) -> list[tuple[int, int]]:
+        """(block_m, block_n) of tiles this schedule renders and runs when a caller names them
+        (use_schedule's configs, bench/compare.py) but that neither the heuristic nor autotune
+        offers: built, not yet measured against the others."""
+        return [(BLOCK_M, n) for n in cls.trial_block_ns]
+
+    @classmethod
     def check(cls, cfg: KernelConfig) -> None:
         """ValueError for a config this schedule cannot render."""
-        if (cfg.block_m, cfg.block_n) not in cls.tile_shapes():
-            shapes = ", ".join(f"{m}x{n}" for m, n in cls.tile_shapes())
+        if (cfg.block_m, cfg.block_n) not in cls.tile_shapes() + cls.trial_tile_shapes():
+            shapes = ", ".join(f"{m}x{n}" for m, n in
+                               cls.tile_shapes() + cls.trial_tile_shapes())
             raise ValueError(f"{cls.name}: the tile must be one of {shapes}, got "
                              f"{cfg.block_m}x{cfg.block_n}")
         if cfg.row_store and not cls.row_store_fits(cfg):
@@ -514,7 +545,8 @@ class WarpSpecializedSchedule:
         the deepest pipeline that fits."""
         out = []
         for (block_m, block_n), dtype, ta, tb in itertools.product(
-                cls.tile_shapes(), KERNEL_DTYPES, (False, True), (False, True)):
+                cls.tile_shapes() + cls.trial_tile_shapes(), KERNEL_DTYPES, (False, True),
+                (False, True)):
             cfg = cls.deepest(dtype, block_n, ta, tb, smem_limit, block_m)
             if cfg is not None:
                 out.append(cfg)
@@ -540,6 +572,10 @@ class PersistentSchedule(WarpSpecializedSchedule):
     # The 64 x 64 tile is autotuned only: the heuristic rates only tiles with a speed in
     # heuristics.TILE_SPEED (_fastest_tile, _main_configs), and it has none yet (NOTES v0.57).
     short_block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
+    # 128 x 160: where 64-wide steps leave a wave a quarter idle (1984 x 1152: 96 tiles of
+    # 128 x 192 on 132 SMs; 128 of 128 x 160), cuBLAS's width (NOTES v0.65). The skeletons
+    # built on this one that share B in clusters, split K or pair outputs say no.
+    trial_block_ns = (160,)
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
@@ -559,6 +595,7 @@ class PersistentClusterSchedule(PersistentSchedule):
     pair."""
 
     name = "persistent_cluster"
+    trial_block_ns = ()
     transposed_store_ok = False
     phased_ok = False   # the multicast producer loads each operand in one map
     skeleton = "kernel_persistent_cluster.cuh"
@@ -669,6 +706,7 @@ class PersistentOverlapSchedule(PersistentSchedule):
     accumulator_sets = 2
     block_ns = (128, 192)
     short_block_ns = block_ns   # two 64 x 256 sets would take all of a lone consumer's 256
+    trial_block_ns = (160,)
 
 
 class PersistentClusterOverlapSchedule(PersistentClusterSchedule):
@@ -693,6 +731,7 @@ class PingPongSchedule(PersistentSchedule):
     the other's main loop (seed 003; FlashAttention-3 / CUTLASS ping-pong)."""
 
     name = "pingpong"
+    trial_block_ns = ()
     transposed_store_ok = False
     skeleton = "kernel_pingpong.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::pingpong_gemm")
@@ -765,7 +804,7 @@ class SplitKSchedule(WarpSpecializedSchedule):
         # stages one or the other (the last split the result, the others their partial), so
         # they share memory and need no barrier between them (TileShape::kCBytesPerConsumer).
         f32_partial = cls.consumer_rows(cfg) * cfg.block_n * F32_BYTES
-        return cfg.consumers * max(cfg.c_buffers * C_BOX_BYTES, f32_partial)
+        return cfg.consumers * max(cfg.c_buffers * c_box_bytes(cfg), f32_partial)
 
     @classmethod
     def smem_note(cls, cfg: KernelConfig) -> str:
@@ -930,6 +969,7 @@ class StreamKSchedule(PersistentSchedule):
     once. The grid's CTA count is the choice's `splits`, a multiple of the lanes."""
 
     name = "stream_k"
+    trial_block_ns = ()
     transposed_store_ok = False
     phased_ok = False   # its producer and its workers' walk are its own
     skeleton = "kernel_stream_k.cuh"
@@ -1034,6 +1074,7 @@ class SharedASchedule(PersistentSchedule):
     products. Computes hopmm.matmul_shared_a, not hopmm.matmul."""
 
     name = "shared_a"
+    trial_block_ns = ()
     transposed_store_ok = False
     phased_ok = False   # a stage of two B tiles
     skeleton = "kernel_dual_b.cuh"

@@ -288,7 +288,9 @@ class SimulatedLaunch:
             c_dims = (n, m, nb)
             c_str = (row_stride * dt.itemsize, batch_stride * dt.itemsize)
         else:
-            assert self.templates[2][3] == (TMA_BOX_ELEMS, TMA_BOX_ELEMS, 1)
+            # 64 x 64 boxes, or 32 columns wide on a tile of an odd number of 32 columns
+            half = _block_n(self.function) % TMA_BOX_ELEMS != 0
+            assert self.templates[2][3] == (TMA_BOX_ELEMS // (1 + half), TMA_BOX_ELEMS, 1)
             _, c_dims, c_str, *_ = self.templates[2]
         (a, a_dims, a_box), (b, _, _) = self._operand(a_ptr, 0, dt), self._operand(b_ptr, 1, dt)
         c = _view(c_ptr, c_dims, c_str, dt)

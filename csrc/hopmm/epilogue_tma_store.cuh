@@ -43,8 +43,8 @@ __device__ __forceinline__ void prefetch_epilogue_operands(const SharedStorage<C
 template <class Cfg>
 struct TmaStoreEpilogue {
     typedef TileShape<Cfg> S;
-    static constexpr int kBoxesPerRowBlock = S::kBlockN / kTmaBoxElems;
-    static constexpr int kGroupsPerBox = kTmaBoxElems / 8;  // 8-column groups of the accumulator
+    static constexpr int kBoxesPerRowBlock = S::kBlockN / S::kCBoxElems;
+    static constexpr int kGroupsPerBox = S::kCBoxElems / 8;  // 8-column groups of the accumulator
     // Groups of one row whose epilogue operands are fetched together: a whole box where the
     // accumulators leave a consumer kFetchBoxRegs registers or more, else one pair at a time
     // (the operands of a whole box spilled in the tighter kernels; NOTES v0.19).
@@ -55,10 +55,17 @@ struct TmaStoreEpilogue {
     static_assert((kGroupsPerFetch > 1) == Cfg::kEpilogueFetchesBoxes,
                   "the schedule (epilogue_fetches_boxes) and the kernel agree on the fetch");
 
-    // The 16-byte chunk `chunk` of row `row` of the SWIZZLE_128B staging box at `box`: chunks
-    // are XOR-ed with the row's place in its 8-row atom.
+    // The 16-byte chunk `chunk` of row `row` of the SWIZZLE_128B staging box at `box` (rows of
+    // kCBoxRowBytes, packed): 128B swizzling XORs a chunk's index in its 128-byte line with
+    // the line's place in its 8-line atom. With 128-byte rows that is the row's place in its
+    // 8 rows; half boxes (64-byte rows) lay two rows in a line.
     __device__ __forceinline__ static u32 box_chunk(u32 box, int row, int chunk) {
-        return box + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+        if constexpr (S::kCBoxRowBytes == kSwizzleBytes) {
+            return box + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
+        } else {
+            const u32 offset = row * S::kCBoxRowBytes + chunk * 16;
+            return box + (offset ^ (((offset / kSwizzleBytes) % 8) * 16));
+        }
     }
 
     __device__ __forceinline__ static u32 pack(float lo, float hi) {
@@ -87,9 +94,9 @@ struct TmaStoreEpilogue {
         return pack(x, y);
     }
 
-    // Writes columns 64 * BOX ... 64 * BOX + 63 of the warpgroup's 64-row accumulator block to
-    // the staging box at `box_addr`, in the layout of a SWIZZLE_128B box of 64 columns x 64
-    // rows. Accumulator register i of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2),
+    // Writes columns kCBoxElems * BOX ... of the warpgroup's 64-row accumulator block (a box
+    // of kCBoxElems) to the staging box at `box_addr`, in the layout of a SWIZZLE_128B box of
+    // kCBoxElems columns x 64 rows. Accumulator register i of thread t holds row 16*(t/32) + (t%32)/4 + 8*((i/2)%2),
     // column 8*(i/4) + 2*(t%4) + i%2, so registers (4j, 4j+1) and (4j+2, 4j+3) are the
     // stmatrix fragments of the 8x8 blocks (rows 0-7, group j) and (rows 8-15, group j) of the
     // warp's 16-row slice.
@@ -157,8 +164,8 @@ struct TmaStoreEpilogue {
     __device__ __forceinline__ static void stage_box_transposed(const float (&acc)[NREG],
                                                                 u32 box_addr, int warp,
                                                                 int lane) {
-        static_assert(!Cfg::kEpilogue && !Cfg::kRowStore,
-                      "a transposed store is plain and goes through TMA");
+        static_assert(!Cfg::kEpilogue && !Cfg::kRowStore && !S::kHalfBox,
+                      "a transposed store is plain, of whole boxes, and goes through TMA");
         const int matrix = lane / 8;
         const int chunk = 2 * warp + matrix % 2;
 #pragma unroll
@@ -181,7 +188,7 @@ struct TmaStoreEpilogue {
     // each instruction writes contiguous bytes; chunks stored element by element there wrote
     // each 32-byte sector eight times. Each way ran the other's case 1.2-2x slower (NOTES
     // v0.24).
-    static constexpr int kChunksPerBoxRow = kSwizzleBytes / 16;
+    static constexpr int kChunksPerBoxRow = S::kCBoxRowBytes / 16;
     static constexpr int kBoxRowsPerPass = kWarpgroupThreads / kChunksPerBoxRow;
     static constexpr int kElemsPerChunk = 16 / kElemBytes;
     static constexpr int kWarps = kWarpgroupThreads / 32;
@@ -262,13 +269,13 @@ struct TmaStoreEpilogue {
     __device__ __forceinline__ static void store_box_rows(u32 box, const EpilogueArgs& e,
                                                           int thread,
                                                           int row0, int col0, int z) {
-        const int cols = min(e.n - col0, kTmaBoxElems);  // of each row, inside the output
+        const int cols = min(e.n - col0, S::kCBoxElems);  // of each row, inside the output
         const int rows = min(e.m - row0, S::kWgmmaM);
         if (cols <= 0) return;
         unsigned short* out = static_cast<unsigned short*>(e.out) +
                               static_cast<long long>(z) * e.out_batch_stride +
                               static_cast<long long>(row0) * e.out_row_stride + col0;
-        // col0 is a multiple of 64 elements: a row's start and its box's share alignment.
+        // col0 is a multiple of 32 elements: a row's start and its box's share alignment.
         const bool rows_on_4_bytes = (reinterpret_cast<u64>(e.out) & 3) == 0 &&
                                      ((e.out_row_stride | e.out_batch_stride) & 1) == 0;
         if (rows_on_4_bytes)
@@ -316,10 +323,10 @@ struct TmaStoreEpilogue {
 #pragma unroll
             for (int b = 0; b < kBoxesPerRowBlock; ++b) {
 #pragma unroll
-                for (int h = 0; h < kTmaBoxElems / 32; ++h) {
+                for (int h = 0; h < S::kCBoxElems / 32; ++h) {
                     const int x = lane + 32 * h;   // of box b
-                    if (b * kTmaBoxElems + x < cols)
-                        p[b * kTmaBoxElems + x] = ld_shared_u16(box_elem(boxes[b], r, x));
+                    if (b * S::kCBoxElems + x < cols)
+                        p[b * S::kCBoxElems + x] = ld_shared_u16(box_elem(boxes[b], r, x));
                 }
             }
         }
@@ -353,7 +360,7 @@ struct TmaStoreEpilogue {
             if constexpr (Cfg::kRowStore) {
                 if (!kRowBlockStaged || rows_on_16_bytes(smem.epilogue))
                     store_box_rows(smem_addr(box), smem.epilogue, thread,
-                                   row0 + R * S::kWgmmaM, n0 + BOX * kTmaBoxElems, z);
+                                   row0 + R * S::kWgmmaM, n0 + BOX * S::kCBoxElems, z);
                 else if (BOX + 1 == kBoxesPerRowBlock)
                     store_row_block_rows<R>(smem, consumer, thread, row0 + R * S::kWgmmaM, n0,
                                             z);
@@ -363,7 +370,7 @@ struct TmaStoreEpilogue {
                 if constexpr (Cfg::kTransC)
                     tma_store_3d(map_c, box, row0 + R * S::kWgmmaM, n0 + BOX * kTmaBoxElems, z);
                 else
-                    tma_store_3d(map_c, box, n0 + BOX * kTmaBoxElems, row0 + R * S::kWgmmaM, z);
+                    tma_store_3d(map_c, box, n0 + BOX * S::kCBoxElems, row0 + R * S::kWgmmaM, z);
                 bulk_commit_group();
             }
             constexpr bool kLastOfRow = BOX + 1 == kBoxesPerRowBlock;

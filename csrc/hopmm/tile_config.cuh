@@ -63,8 +63,14 @@ struct TileShape {
                                       : kConsumerRows == kBlockM,
                   "the consumers split a tile's rows evenly, or each owns whole tiles");
     static_assert(kBlockK == kTmaBoxElems, "one 128-byte swizzle atom of K per stage");
-    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 192 || kBlockN == 256,
-                  "N tile: a wgmma N extent wgmma.cuh instantiates, a whole number of 64-wide boxes");
+    static_assert(kBlockN == 64 || kBlockN == 128 || kBlockN == 160 || kBlockN == 192 ||
+                      kBlockN == 256,
+                  "N tile: a wgmma N extent wgmma.cuh instantiates");
+    // A tile as wide as an odd number of 32 columns (160: the width that fills a wave where
+    // 64-wide steps leave a quarter of the SMs idle) loads B in whole 64-wide boxes, the last
+    // one half used, and stages C in boxes of 32 columns (kCBoxElems).
+    static constexpr bool kHalfBox = kBlockN % kTmaBoxElems != 0;
+    static_assert(kBlockN % (kTmaBoxElems / 2) == 0, "N tile: whole 32-column halves of a box");
     // A stage is released only after the next k-block's wgmma group is committed, so one
     // stage would deadlock.
     static_assert(kStages >= 2, "at least two pipeline stages");
@@ -73,7 +79,9 @@ struct TileShape {
     __device__ __forceinline__ static int k_blocks(int k) { return (k + kBlockK - 1) / kBlockK; }
 
     static constexpr u32 kABytes = kBlockM * kBlockK * kElemBytes;
-    static constexpr u32 kBBytes = kBlockN * kBlockK * kElemBytes;
+    static constexpr int kBBoxes = (kBlockN + kTmaBoxElems - 1) / kTmaBoxElems;
+    static constexpr u32 kBBoxBytes = kTmaBoxElems * kBlockK * kElemBytes;
+    static constexpr u32 kBBytes = kBBoxes * kBBoxBytes;
     // B tiles a stage holds: 1, or 2 where two products share A (kernel_dual_b.cuh); each is
     // read against the same A tile.
     static constexpr int kBOperands = Cfg::kBOperands;
@@ -135,12 +143,16 @@ struct TileShape {
     // issues the loads); each arrives on the stage's full barrier.
     static constexpr int kFixupThreads = kPhased ? (kSwizzleBytes / 16) * kPhases : 0;
     static_assert(kFixupThreads <= kWarpgroupThreads - 32, "warp 0 issues the loads");
-    static constexpr int kBBoxes = kBlockN / kTmaBoxElems;
-    static constexpr u32 kBBoxBytes = kTmaBoxElems * kBlockK * kElemBytes;
+    static_assert(!(kHalfBox && (kPhasedB || kClusterSize > 1 || Cfg::kSplitK ||
+                                 Cfg::kTransC)),
+                  "a half box of B or C: one CTA's tile, B through one map, a plain store");
     // Epilogue staging (epilogue_tma_store.cuh): per consumer a ring of kCBuffers boxes of 64
-    // rows x 128 bytes, between 1 and the consumer's whole part of the tile (kCBoxesPerConsumer).
-    static constexpr u32 kCBoxBytes = kWgmmaM * kTmaBoxElems * kElemBytes;
-    static constexpr int kCBoxesPerConsumer = kRowBlocks * (kBlockN / kTmaBoxElems);
+    // rows x kCBoxElems columns, between 1 and the consumer's whole part of the tile
+    // (kCBoxesPerConsumer).
+    static constexpr int kCBoxElems = kHalfBox ? kTmaBoxElems / 2 : kTmaBoxElems;
+    static constexpr u32 kCBoxRowBytes = kCBoxElems * kElemBytes;
+    static constexpr u32 kCBoxBytes = kWgmmaM * kCBoxRowBytes;
+    static constexpr int kCBoxesPerConsumer = kRowBlocks * (kBlockN / kCBoxElems);
     static constexpr int kCBuffers = Cfg::kCBuffers;
     static_assert(kCBuffers >= 1 && kCBuffers <= kCBoxesPerConsumer,
                   "a staging ring of at least one box and at most the consumer's tile");

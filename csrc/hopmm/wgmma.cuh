@@ -102,6 +102,17 @@ __device__ __forceinline__ void wgmma_fence_operands(float (&d)[ROW_BLOCKS][NREG
 #define HOPMM_WGMMA_ARGS_128 "%64, %65, p, 1, 1, %67, %68;"
 #define HOPMM_WGMMA_SCALE_D_128 "setp.ne.b32 p, %66, 0;"
 
+// 160: two 64-wide boxes of B and half of a third (tile_config.cuh, kBBoxes).
+#define HOPMM_WGMMA_REGS_160 \
+    HOPMM_WGMMA_REGS_128 ", " \
+    "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79"
+#define HOPMM_WGMMA_OPERANDS_160 \
+    HOPMM_WGMMA_OPERANDS_128, \
+    "+f"(d[64]), "+f"(d[65]), "+f"(d[66]), "+f"(d[67]), "+f"(d[68]), "+f"(d[69]), "+f"(d[70]), "+f"(d[71]), \
+    "+f"(d[72]), "+f"(d[73]), "+f"(d[74]), "+f"(d[75]), "+f"(d[76]), "+f"(d[77]), "+f"(d[78]), "+f"(d[79])
+#define HOPMM_WGMMA_ARGS_160 "%80, %81, p, 1, 1, %83, %84;"
+#define HOPMM_WGMMA_SCALE_D_160 "setp.ne.b32 p, %82, 0;"
+
 #define HOPMM_WGMMA_REGS_192 \
     HOPMM_WGMMA_REGS_128 ", " \
     "%64, %65, %66, %67, %68, %69, %70, %71, %72, %73, %74, %75, %76, %77, %78, %79" ", " \
@@ -151,6 +162,8 @@ HOPMM_DEFINE_WGMMA(64, true, "bf16")
 HOPMM_DEFINE_WGMMA(64, false, "f16")
 HOPMM_DEFINE_WGMMA(128, true, "bf16")
 HOPMM_DEFINE_WGMMA(128, false, "f16")
+HOPMM_DEFINE_WGMMA(160, true, "bf16")
+HOPMM_DEFINE_WGMMA(160, false, "f16")
 HOPMM_DEFINE_WGMMA(192, true, "bf16")
 HOPMM_DEFINE_WGMMA(192, false, "f16")
 HOPMM_DEFINE_WGMMA(256, true, "bf16")
