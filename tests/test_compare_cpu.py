@@ -16,6 +16,8 @@ def test_parse_kernel():
     assert spec == compare.KernelSpec("persistent_overlap", (128, 192), 4)
     assert spec.label == "persistent_overlap/128x192/4"
     assert compare.parse_kernel(" persistent_cluster/192X192/16 ").tile == (192, 192)
+    # a trial tile is timed by name (schedules.trial_tile_shapes)
+    assert compare.parse_kernel("persistent/128x160/4").tile == (128, 160)
 
 
 @pytest.mark.parametrize("text, message", [
@@ -23,6 +25,7 @@ def test_parse_kernel():
     ("nosuch/128x256/16", "unknown schedule"),
     ("persistent/128x200/16", "128x128, 128x192, 128x256"),
     ("persistent/192x192/16", "tiles"),            # the tall tile is the cluster kernel's
+    ("pingpong/128x160/4", "tiles"),               # no half boxes on the ping-pong kernel
     ("persistent/128xabc/16", "BMxBN"),
     ("persistent/128x256/0", "at least 1"),
     ("split_k/128x128/16", "split count"),
