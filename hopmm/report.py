@@ -55,7 +55,8 @@ def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     for i, (schedule, cfg) in enumerate((s, c) for s, c in cases
                                         if getattr(s, "phased_ok", False)):
         whole_boxes = cfg.block_n % TMA_BOX_ELEMS == 0   # a half box of B: one map
-        can = [which for which, ok in (("a", not cfg.trans_a), ("b", cfg.trans_b and whole_boxes),
+        can = [which for which, ok in (("a", not cfg.trans_a),
+                                       ("b", cfg.trans_b and whole_boxes),
                                        ("ab", not cfg.trans_a and cfg.trans_b and whole_boxes))
                if ok]
         if not can:

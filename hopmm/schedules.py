@@ -354,8 +354,9 @@ class WarpSpecializedSchedule:
     @classmethod
     def trial_tile_shapes(cls) -> list[tuple[int, int]]:
         """(block_m, block_n) of tiles this schedule renders and runs when a caller names them
-        (use_schedule's configs, bench/compare.py) but that neither the heuristic nor autotune
-        offers: built, not yet measured against the others."""
+        (a config given to the launch layer, bench/compare.py, bench/probes/trial_tile.py) but
+        that neither the heuristic nor autotune offers: built, not yet measured against the
+        others."""
         return [(BLOCK_M, n) for n in cls.trial_block_ns]
 
     @classmethod
