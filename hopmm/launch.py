@@ -191,7 +191,9 @@ def _stride(stride: int, extent: int, fallback: int) -> int:
 def matrix_spec(x3, major: str, box_rows: int,
                 box_cols: int = TMA_BOX_ELEMS) -> tma.TensorMapSpec:
     """Tensor map of a (batch, rows, cols) array whose `major` axis is contiguous; the box is
-    `box_cols` (64) contiguous elements by `box_rows` of the other axis."""
+    `box_cols` (64) contiguous elements by `box_rows` of the other axis, swizzled over its
+    rows' bytes (128, or 64 for a half box: the span wgmma and the epilogue's staging
+    assume)."""
     nb, rows, cols = x3.shape
     sb, sr, sc = x3.strides
     item = x3.itemsize
@@ -204,7 +206,7 @@ def matrix_spec(x3, major: str, box_rows: int,
     batch_stride = _stride(sb, nb, outer_stride * outer if outer > 1 else free)
     return tma.TensorMapSpec(dtype=x3.dtype.name, address=x3.data.ptr, dims=(inner, outer, nb),
                              strides_bytes=(outer_stride, batch_stride),
-                             box=(box_cols, box_rows, 1))
+                             box=(box_cols, box_rows, 1), swizzle=box_cols * item)
 
 
 def phased_specs(x3) -> list[tuple[int, tma.TensorMapSpec]]:

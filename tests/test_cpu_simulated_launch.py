@@ -16,7 +16,7 @@ import pytest
 
 import hopmm
 from hopmm import (api, device, epilogue, fastpath, heuristics, launch, layout, row_copy,
-                   shared_a, workspace)
+                   shared_a, tma, workspace)
 from hopmm.schedules import (BLOCK_M, CLUSTER_REDUCE_GROUP_ROWS, GEMV_MMA_ROWS, TMA_BOX_ELEMS,
                              WARPGROUP_THREADS, WGMMA_M)
 
@@ -288,9 +288,11 @@ class SimulatedLaunch:
             c_dims = (n, m, nb)
             c_str = (row_stride * dt.itemsize, batch_stride * dt.itemsize)
         else:
-            # 64 x 64 boxes, or 32 columns wide on a tile of an odd number of 32 columns
+            # 64 x 64 boxes, or 32 columns wide on a tile of an odd number of 32 columns,
+            # swizzled over their rows' bytes
             half = _block_n(self.function) % TMA_BOX_ELEMS != 0
             assert self.templates[2][3] == (TMA_BOX_ELEMS // (1 + half), TMA_BOX_ELEMS, 1)
+            assert self.templates[2][4] == tma.SWIZZLE[64 if half else 128]
             _, c_dims, c_str, *_ = self.templates[2]
         (a, a_dims, a_box), (b, _, _) = self._operand(a_ptr, 0, dt), self._operand(b_ptr, 1, dt)
         c = _view(c_ptr, c_dims, c_str, dt)

@@ -8,7 +8,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from hopmm import heuristics, report, tuning
+from hopmm import heuristics, report, tma, tuning
 from hopmm.device import H100_SXM
 from hopmm.problem import Problem
 from hopmm.schedules import (BLOCK_M, ELEM_BYTES, SCHEDULES, TMA_BOX_ELEMS, WGMMA_M,
@@ -93,7 +93,8 @@ def test_a_forced_product_on_the_simulated_gpu(simulated_gpu, name, m, n, k):  #
                                      call.b_map, out)
     launch.launch_all(launches, call.a3.data.ptr, call.b3.data.ptr, out.data.ptr)
     last = SimulatedLaunch.last
-    assert last.templates[2][3] == (32, 64, 1)   # C's box: 32 columns of 64 rows
+    # C's box: 32 columns of 64 rows, swizzled over its 64-byte rows
+    assert last.templates[2][3] == (32, 64, 1) and last.templates[2][4] == tma.SWIZZLE[64]
     assert (last.tiles_m, last.tiles_n) == (-(-m // 128), -(-n // 160))
     ref = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
     np.testing.assert_allclose(np.asarray(out[0], np.float32), ref, rtol=2e-2, atol=2e-2)

@@ -55,17 +55,15 @@ struct TmaStoreEpilogue {
     static_assert((kGroupsPerFetch > 1) == Cfg::kEpilogueFetchesBoxes,
                   "the schedule (epilogue_fetches_boxes) and the kernel agree on the fetch");
 
-    // The 16-byte chunk `chunk` of row `row` of the SWIZZLE_128B staging box at `box` (rows of
-    // kCBoxRowBytes, packed): 128B swizzling XORs a chunk's index in its 128-byte line with
-    // the line's place in its 8-line atom. With 128-byte rows that is the row's place in its
-    // 8 rows; half boxes (64-byte rows) lay two rows in a line.
+    // The 16-byte chunk `chunk` of row `row` of the staging box at `box`, swizzled over its
+    // rows' bytes as the store map is (SWIZZLE_128B; SWIZZLE_64B for a half box's 64-byte
+    // rows): a chunk's index is XOR-ed with the row's place in its 8 rows (128-byte rows), or
+    // with its pair of rows' place in 4 pairs (64-byte rows).
     __device__ __forceinline__ static u32 box_chunk(u32 box, int row, int chunk) {
-        if constexpr (S::kCBoxRowBytes == kSwizzleBytes) {
+        if constexpr (S::kCBoxRowBytes == kSwizzleBytes)
             return box + row * kSwizzleBytes + ((chunk ^ (row % 8)) * 16);
-        } else {
-            const u32 offset = row * S::kCBoxRowBytes + chunk * 16;
-            return box + (offset ^ (((offset / kSwizzleBytes) % 8) * 16));
-        }
+        else
+            return box + row * S::kCBoxRowBytes + ((chunk ^ ((row / 2) % 4)) * 16);
     }
 
     __device__ __forceinline__ static u32 pack(float lo, float hi) {

@@ -150,7 +150,7 @@ struct TileShape {
     // rows x kCBoxElems columns, between 1 and the consumer's whole part of the tile
     // (kCBoxesPerConsumer).
     static constexpr int kCBoxElems = kHalfBox ? kTmaBoxElems / 2 : kTmaBoxElems;
-    static constexpr u32 kCBoxRowBytes = kCBoxElems * kElemBytes;
+    static constexpr u32 kCBoxRowBytes = kCBoxElems * kElemBytes;  // and the box's swizzle span
     static constexpr u32 kCBoxBytes = kWgmmaM * kCBoxRowBytes;
     static constexpr int kCBoxesPerConsumer = kRowBlocks * (kBlockN / kCBoxElems);
     static constexpr int kCBuffers = Cfg::kCBuffers;
