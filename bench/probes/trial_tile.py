@@ -7,8 +7,9 @@ cuBLAS ran 128x160 tiles on five of seven such losers of seed 257).
     python bench/probes/trial_tile.py OUT.json [--groups 1,4,16] MxNxKxDTYPE ...
     python bench/probes/trial_tile.py OUT.json --draw SEED COUNT
 
-With --draw, COUNT products of the sweep's generator (bench/sweep_shapes.py) whose 128 x 160
-grid has more tiles than a 128 x 192 one but no more waves (the products the tile is for).
+With --draw, COUNT products of the sweep's generator (bench/sweep_shapes.py) whose rows TMA
+reads in place and whose 128 x 160 grid has more tiles than a 128 x 192 one but no more waves
+(the products the tile is for).
 DTYPE is bf16 or fp16. Row-major A, B both N-major (as drawn) and K-major (the transposed view
 of an N x K weight), three input sets, interleaved rounds, medians; every contestant's result
 is checked against an fp32 cupy.matmul first.
@@ -36,6 +37,7 @@ DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 TRIAL = (128, 160)
 KERNELS = ("persistent", "persistent_overlap")
 DEFAULT_GROUPS = (1, 4, 16)
+ROW_ALIGN_ELEMS = 8   # 16-byte rows of 16-bit elements
 
 
 def cupy_dtype(name):
@@ -91,7 +93,10 @@ def drawn(seed: int, count: int, device) -> list[str]:
         i += 1
         tiles = -(-s.m // TRIAL[0]) * -(-s.n // TRIAL[1])
         wide = -(-s.m // TRIAL[0]) * -(-s.n // 192)
-        if wide < tiles <= -(-wide // device.sm_count) * device.sm_count:
+        # rows TMA reads in place (the pick through hopmm.matmul makes no copies the trial
+        # tile's launches do not), and the trial grid no more waves than the 192-wide one
+        aligned = s.k % ROW_ALIGN_ELEMS == 0 and s.n % ROW_ALIGN_ELEMS == 0
+        if aligned and wide < tiles <= -(-wide // device.sm_count) * device.sm_count:
             out.append(f"{s.m}x{s.n}x{s.k}x{'bf16' if s.dtype == 'bfloat16' else 'fp16'}")
     return out
 
