@@ -13,7 +13,7 @@ from . import compile as compiler
 from . import sass
 from .device import DeviceInfo
 from .layout import PHASES
-from .schedules import DUAL_B_SCHEDULES, PHASED_MIN_STAGES, SCHEDULES, TMA_BOX_ELEMS
+from .schedules import DUAL_B_SCHEDULES, PHASED_MIN_STAGES, SCHEDULES
 
 # A cluster kernel meets its peers twice: after the mbarrier init and before exit.
 CLUSTER_BARRIERS = 2
@@ -54,11 +54,9 @@ def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     phased = []
     for i, (schedule, cfg) in enumerate((s, c) for s, c in cases
                                         if getattr(s, "phased_ok", False)):
-        whole_boxes = cfg.block_n % TMA_BOX_ELEMS == 0   # a half box of B: one map
-        can = [which for which, ok in (("a", not cfg.trans_a),
-                                       ("b", cfg.trans_b and whole_boxes),
-                                       ("ab", not cfg.trans_a and cfg.trans_b and whole_boxes))
-               if ok]
+        b_ok = cfg.trans_b and not cfg.half_box   # a half box of B comes through one map
+        can = [which for which, ok in (("a", not cfg.trans_a), ("b", b_ok),
+                                       ("ab", not cfg.trans_a and b_ok)) if ok]
         if not can:
             continue
         which = can[i % len(can)]
@@ -70,7 +68,7 @@ def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     transposed, tiles = [], []
     for schedule, cfg in cases:
         if (not getattr(schedule, "transposed_store_ok", False) or cfg.epilogue is not None
-                or cfg.block_n % TMA_BOX_ELEMS):
+                or cfg.half_box):
             continue
         tile = (schedule, cfg.block_m, cfg.block_n)
         if tile not in tiles:

@@ -122,12 +122,18 @@ class KernelConfig:
             raise ValueError("a_pitch_mod8 (phased A): whole K-major A tiles (no a_rows)")
         if self.b_pitch_mod8 and not self.trans_b:
             raise ValueError("b_pitch_mod8 (phased B): an N-major B")
-        if self.block_n % TMA_BOX_ELEMS and (self.trans_c or self.b_pitch_mod8):
+        if self.half_box and (self.trans_c or self.b_pitch_mod8):
             raise ValueError(f"block_n = {self.block_n} (half a box of B and C): no trans_c "
                              f"or b_pitch_mod8")
         if self.trans_c and (self.epilogue is not None or self.row_store or is_phased(self)):
             raise ValueError("trans_c: a plain product stored through TMA (no epilogue, "
                              "row_store or phase maps)")
+
+    @property
+    def half_box(self) -> bool:
+        """Whether the tile's width is not a whole number of 64-wide boxes (160): B's last box
+        is half read and C goes out in boxes of 32 columns (tile_config.cuh kHalfBox)."""
+        return self.block_n % TMA_BOX_ELEMS != 0
 
     @property
     def a_load_rows(self) -> int:
@@ -151,7 +157,7 @@ class KernelConfig:
 def c_box_cols(cfg: KernelConfig) -> int:
     """Columns of the epilogue's staging and TMA store box (tile_config.cuh kCBoxElems): 64,
     or 32 where the tile's width is not a multiple of 64."""
-    return TMA_BOX_ELEMS if cfg.block_n % TMA_BOX_ELEMS == 0 else TMA_BOX_ELEMS // 2
+    return TMA_BOX_ELEMS // 2 if cfg.half_box else TMA_BOX_ELEMS
 
 
 def c_box_bytes(cfg: KernelConfig) -> int:

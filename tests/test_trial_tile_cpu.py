@@ -26,6 +26,7 @@ def trial_config(schedule="persistent", trans_b=True, **changes):
 
 def test_the_plan_of_a_half_box():
     cfg = trial_config()
+    assert cfg.half_box
     assert (c_box_cols(cfg), b_tile_cols(cfg)) == (TMA_BOX_ELEMS // 2, 3 * TMA_BOX_ELEMS)
     assert c_box_bytes(cfg) == WGMMA_M * 32 * ELEM_BYTES
     sched = SCHEDULES["persistent"]
@@ -33,6 +34,7 @@ def test_the_plan_of_a_half_box():
     assert sched.c_boxes(cfg) == 5   # one consumer's 64 rows: five boxes of 32 columns
     assert sched.smem_bytes(cfg) <= SMEM
     whole = trial_config(block_n=192)
+    assert not whole.half_box
     assert (c_box_cols(whole), b_tile_cols(whole)) == (TMA_BOX_ELEMS, 192)
 
 
@@ -68,7 +70,7 @@ def test_what_a_half_box_refuses():
 
 def test_the_kernel_matrix_has_no_transposed_or_phased_b_half_box():
     for sched, cfg in report.kernel_matrix(H100_SXM):
-        if cfg.block_n % TMA_BOX_ELEMS:
+        if cfg.half_box:
             assert sched.name in ("persistent", "persistent_overlap")
             assert not cfg.trans_c and not cfg.b_pitch_mod8
 

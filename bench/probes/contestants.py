@@ -1,13 +1,26 @@
 """What the probes share (not part of hopmm): the cuBLAS side, cupy.matmul and, where torch
 imports, torch.matmul on the same input sets, each a function of the input set's index, to time
 beside the probe's own contestants (bench/NOTES.md: cuBLAS in the same run); a choice's own
-launches as such a contestant; the check of the probe's own contestants; and the line and JSON
-each product's timings go to."""
+launches as such a contestant; the check of the probe's own contestants; the line and JSON
+each product's timings go to; and the cupy dtype of a probe's bf16 / fp16 argument."""
 import json
 
 import cupy
 
 from hopmm import launch, layout, operands
+
+
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+
+
+def cupy_dtype(alias: str):
+    """The cupy dtype of a probe's dtype argument (bf16 or fp16)."""
+    name = DTYPE_NAMES[alias]
+    try:
+        return cupy.dtype(name)
+    except TypeError:  # known by name only once ml_dtypes registered it
+        import ml_dtypes
+        return cupy.dtype(getattr(ml_dtypes, name))
 
 
 def cublas_contestants(a, b, out=None) -> dict:

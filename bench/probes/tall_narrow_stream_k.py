@@ -21,21 +21,14 @@ from hopmm.device import query
 from hopmm.schedules import BLOCK_M, NARROW_BLOCK_N, StreamKSchedule
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, drop_wrong, kernel_calls, launch_run, report
+from contestants import (cublas_contestants, cupy_dtype, drop_wrong, kernel_calls, launch_run,
+                         report)
 
 INPUT_SETS = 3
 ROUNDS = 5
 WARMUP_S = 0.2
 MAX_REL_ERR = 2e-2
-DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 
-
-def cupy_dtype(name):
-    try:
-        return cupy.dtype(name)
-    except TypeError:  # known by name only once ml_dtypes registered it
-        import ml_dtypes
-        return cupy.dtype(getattr(ml_dtypes, name))
 
 
 def stream_k_choices(problem, device, tiles) -> list:
@@ -103,7 +96,7 @@ def main(argv) -> int:
     rows = []
     for text in shapes:
         m, n, k, dt = text.split("x")
-        row = probe(int(m), int(n), int(k), cupy_dtype(DTYPES[dt]), device, tiles)
+        row = probe(int(m), int(n), int(k), cupy_dtype(dt), device, tiles)
         report(f"{text} pick [{row['pick']}]", row, rows, out_path)
     return 0
 

@@ -25,7 +25,8 @@ from hopmm.device import query
 from hopmm.schedules import SCHEDULES
 from hopmm.timing import interleaved_medians
 
-from contestants import cublas_contestants, drop_wrong, kernel_calls, launch_run, report
+from contestants import (cublas_contestants, cupy_dtype, drop_wrong, kernel_calls, launch_run,
+                         report)
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -33,24 +34,16 @@ INPUT_SETS = 3
 ROUNDS = 5
 WARMUP_S = 0.2
 MAX_REL_ERR = 2e-2
-DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
 TRIAL = (128, 160)
 KERNELS = ("persistent", "persistent_overlap")
 DEFAULT_GROUPS = (1, 4, 16)
 ROW_ALIGN_ELEMS = 8   # 16-byte rows of 16-bit elements
 
 
-def cupy_dtype(name):
-    try:
-        return cupy.dtype(name)
-    except TypeError:  # known by name only once ml_dtypes registered it
-        import ml_dtypes
-        return cupy.dtype(getattr(ml_dtypes, name))
 
-
-def trial_runs(a, b, c, device, groups) -> dict:
-    """{name: run(i)} of the trial tile on each kernel and raster group."""
-    calls = kernel_calls(a, b)
+def trial_runs(calls, c, device, groups) -> dict:
+    """{name: run(i)} of the trial tile on each kernel and raster group, on the input sets'
+    kernel operands `calls` (kernel_calls)."""
     problem = calls[0].problem
     out = {}
     for name in KERNELS:
@@ -71,13 +64,14 @@ def probe(m, n, k, dtype, device, groups, k_major_b=False) -> dict:
     if k_major_b:   # the transposed view of an N x K weight
         b = [cupy.ascontiguousarray(x.T).T for x in b]
     c = cupy.empty((m, n), dtype)
+    calls = kernel_calls(a, b)
     contestants = {"pick": lambda i: hopmm.matmul(a[i], b[i], out=c)}
-    contestants.update(trial_runs(a, b, c, device, groups))
+    contestants.update(trial_runs(calls, c, device, groups))
     errors = drop_wrong(contestants, a[0], b[0], c, MAX_REL_ERR)
     contestants.update(cublas_contestants(a, b))
     seconds = interleaved_medians(contestants, [(i,) for i in range(INPUT_SETS)], ROUNDS,
                                   WARMUP_S)
-    problem = kernel_calls(a[:1], b[:1])[0].problem
+    problem = calls[0].problem
     return dict(shape=[m, n, k], dtype=str(dtype), b="k-major" if k_major_b else "n-major",
                 pick=heuristics.label(heuristics.choose(problem, device)),
                 us={name: s * 1e6 for name, s in seconds.items()}, errors=errors)
@@ -114,7 +108,7 @@ def main(argv) -> int:
     for text in args:
         m, n, k, dt = text.split("x")
         for k_major_b in (False, True):
-            row = probe(int(m), int(n), int(k), cupy_dtype(DTYPES[dt]), device, groups,
+            row = probe(int(m), int(n), int(k), cupy_dtype(dt), device, groups,
                         k_major_b)
             report(f"{text} B {row['b']} pick [{row['pick']}]", row, rows, out_path)
     return 0
