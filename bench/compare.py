@@ -7,9 +7,8 @@ and, with --bursts, a third: short bursts after the GPU has idled.
                             [--dtype bf16] [--rounds 24] [--sustained-seconds 0.6] [--bursts 12]
 
 A kernel is schedule/BMxBN/group: a schedule of hopmm.schedules.SCHEDULES, one of its tiles
-(or of its trial tiles, which only a caller that names them runs) and the raster group
-(M-tiles per group); `hopmm` is hopmm.matmul's own choice. Each forced kernel runs at the
-deepest stage count that fits. Every kernel is checked against
+and the raster group (M-tiles per group); `hopmm` is hopmm.matmul's own choice. Each forced
+kernel runs at the deepest stage count that fits. Every kernel is checked against
 cupy.matmul into a NaN-poisoned result first, and is then timed beside cupy.matmul and
 torch.matmul (where torch imports) on rotating input sets larger than the L2. At the power
 limit the timings differ (bench/NOTES.md v0.14); the table shows each relative to the
@@ -100,7 +99,7 @@ def parse_kernel(text: str) -> KernelSpec | str:
     if name in split_k_names:
         raise ValueError(f"kernel {text!r}: split-K schedules also need a split count; "
                          f"bench.py and hopmm.autotune time them")
-    shapes = SCHEDULES[name].tile_shapes() + SCHEDULES[name].trial_tile_shapes()
+    shapes = SCHEDULES[name].tile_shapes()
     if tile not in shapes:
         raise ValueError(f"kernel {text!r}: {name} computes tiles "
                          f"{', '.join(f'{m}x{n}' for m, n in shapes)}")

@@ -14,8 +14,9 @@ from .device import H100_SXM, DeviceInfo
 from .problem import LINE_BYTES, Problem
 from .layout import MAX_GRID_Z, padded
 from .schedules import (BLOCK_M, DUAL_B_SCHEDULES, ELEM_BYTES, F32_BYTES, GEMV_MMA_ROWS, GEMV_VEC,
-                        MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES, SCHEDULES, TALL_BLOCK_M,
-                        TMA_BOX_ELEMS, WGMMA_M, GemvConfig, GemvSchedule, KernelConfig,
+                        HALF_BOX_BLOCK_N, MIN_STAGES, NARROW_BLOCK_N, PHASED_MIN_STAGES,
+                        SCHEDULES, TALL_BLOCK_M, TMA_BOX_ELEMS, WGMMA_M, GemvConfig,
+                        GemvSchedule, KernelConfig,
                         PersistentClusterOverlapSchedule, PersistentClusterQuadSchedule,
                         PersistentClusterSchedule, PersistentOverlapSchedule, PersistentSchedule,
                         SplitKClusterSchedule, SplitKParallelSchedule, SplitKSchedule,
@@ -242,6 +243,17 @@ def tail_problems(problem: Problem, axis: str, start: int) -> tuple[Problem, Pro
 # sustained runs on an H100 (bench/NOTES.md v0.5, v0.6, v0.10, v0.14).
 TILE_SPEED = {(BLOCK_M, 256): 1.0, (BLOCK_M, 192): 1.01, (BLOCK_M, 128): 0.90,
               (TALL_BLOCK_M, 192): 1.0}
+# The half-box tile (schedules.HALF_BOX_BLOCK_N) loads B in whole boxes, 192 columns for its
+# 160: as many operand bytes per flop as 128 x 128 (320 against 256 rows of a k-block for 1.25 x
+# the outputs), in one stage fewer. Rated just below that tile, it takes products from 128 x
+# 128 only where it saves more than its area in waves (4 waves of it against 5 of 128 x 128:
+# not), and from the 192-wide tiles where it fills a wave they leave idle. Of 71 products of
+# draws 1806-1809 moved at 0.96 (its speed against 128 x 192 in one or two waves), 5 from
+# 128 x 128 ran 0.92-0.96 x; at this rating the 17 it takes ran 1.069 x (NOTES v0.66).
+TILE_SPEED[BLOCK_M, HALF_BOX_BLOCK_N] = 0.89
+# Where one row of tiles streams B past every SM (at most BLOCK_M rows) those loads set the
+# pace: there it ran 0.84-0.95 x the 192-wide tile on 14 of 18 products (NOTES v0.66).
+HALF_BOX_MIN_M = BLOCK_M + 1
 # The narrow tile: half the 128 x 128 tile's area in NARROW_KBLOCK_SCALE of its k-block time.
 # Offered only to products of at most NARROW_BLOCK_N columns (_offered_shapes), where it is
 # the only width that computes no column past N.
@@ -380,16 +392,25 @@ def _short_tiles_fit(problem: Problem) -> bool:
     return _long_main_loop(problem) and problem.m > WGMMA_M and not _narrow(problem)
 
 
-def _offered_shapes(sched, problem: Problem, device: DeviceInfo,
-                    short: bool = True) -> list[tuple[int, int]]:
+def _offered_shapes(sched, problem: Problem, device: DeviceInfo, short: bool = True,
+                    transposed: bool = False) -> list[tuple[int, int]]:
     """`sched`'s tile shapes for `problem`: FEW_ROWS_TILE alone where `short` and _few_rows
     (if `sched` has it); else the NARROW_BLOCK_N-wide tile only where the problem is that
-    narrow (_narrow), the 64-row tiles where `short` and _short_tiles_fit."""
+    narrow (_narrow), the 64-row tiles where `short` and _short_tiles_fit; for a result
+    stored `transposed` (KernelConfig.trans_c), whole boxes only (no HALF_BOX_BLOCK_N)."""
     if short and _few_rows(problem, device) and FEW_ROWS_TILE in sched.tile_shapes():
         return [FEW_ROWS_TILE]
     short = short and _short_tiles_fit(problem)
     return [t for t in sched.tile_shapes() if (t[1] != NARROW_BLOCK_N or _narrow(problem))
-            and (t[0] != WGMMA_M or short)]
+            and (t[0] != WGMMA_M or short)
+            and (t[1] != HALF_BOX_BLOCK_N or _half_box_fits(problem, transposed))]
+
+
+def _half_box_fits(problem: Problem, transposed: bool) -> bool:
+    """Whether the half-box tile is offered: not for a result stored `transposed` (its
+    kernels stage a half box of C only as it lies: KernelConfig.half_box), nor where the
+    product has fewer than HALF_BOX_MIN_M rows."""
+    return not transposed and problem.m >= HALF_BOX_MIN_M
 
 
 def _split_width(problem: Problem) -> int:
@@ -1549,6 +1570,8 @@ def _phased_options(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, proble
     options = []
     for a_pitch, b_pitch in pitches:
         for other in others:
+            if b_pitch and other.config.half_box:   # B's half box comes through one map
+                continue
             kept = other.config if other is choice else replace(
                 other.config, epilogue=cfg.epilogue, row_store=cfg.row_store and
                 other.schedule.row_store_ok)
@@ -1681,7 +1704,7 @@ def _transposed_choice(pick: Choice, problem: Problem, device: DeviceInfo) -> Ch
         return None
     flipped = transposed_problem(problem)
     sched, cfg, why = _persistent_tile(PersistentSchedule, flipped, device, forced=False,
-                                       epilogue_reads=False)
+                                       epilogue_reads=False, transposed=True)
     pick_us = _persistent_us(pick.schedule, problem, device, pick.config)
     us = _persistent_us(sched, flipped, device, cfg)
     if us * TRANSPOSE_MIN_GAIN > pick_us:
@@ -1721,15 +1744,16 @@ def label(choice: Choice) -> str:
 
 
 def _persistent_tile(sched, problem: Problem, device: DeviceInfo, forced: bool,
-                     epilogue_reads: bool, short: bool = True) -> tuple:
+                     epilogue_reads: bool, short: bool = True, transposed: bool = False) -> tuple:
     """(schedule, config, why) of the tile `sched` (persistent unless `forced`) runs
-    `problem` on (_fastest_tile; the 64-row tiles only where `short`): unforced, the widths of
+    `problem` on (_fastest_tile; the 64-row tiles only where `short`; whole boxes only for a
+    result stored `transposed`): unforced, the widths of
     _overlap_widths on the overlap kernel where it keeps the same stages. A fused epilogue that
     reads bias or c stays off kernels whose registers leave it one pair's operands at a time
     (Schedule.epilogue_fetches_boxes: the 192-wide overlap tiles, the 192 x 192 cluster tile):
     it waits on one load per pair there where the others wait once per box (NOTES v0.19)."""
     overlap_widths = _overlap_widths(problem, device, epilogue_reads) if not forced else ()
-    picked = _fastest_tile(sched, problem, device, overlap_widths, short)
+    picked = _fastest_tile(sched, problem, device, overlap_widths, short, transposed)
     if picked is None:
         raise RuntimeError(f"{device.name}: {device.smem_per_block_optin} B of shared memory "
                            f"per block is too little for any {BLOCK_M}-row tile")
@@ -2163,14 +2187,15 @@ def _ranked_time(sched, problem: Problem, device: DeviceInfo, shape: tuple[int, 
 
 
 def _fastest_tile(sched, problem: Problem, device: DeviceInfo, overlap_widths: tuple = (),
-                  short: bool = True):
+                  short: bool = True, transposed: bool = False):
     """(config, why) of the tile shape of `sched` with the fewest tile-times (_relative_time
     under _tile_speeds; widths in `overlap_widths` will run on the overlap kernel; a 64-row
     tile's count SHORT_TILE_MIN_GAIN times over), on an exact tie the wider, then the shorter,
     among those with at least FAST_STAGES stages where any has; None if no shape fits.
-    `short`: whether the 64-row tiles are candidates (_offered_shapes)."""
+    `short`: whether the 64-row tiles are candidates, `transposed`: whether the result is
+    stored transposed (_offered_shapes)."""
     speeds = _tile_speeds(sched, problem)
-    shapes = sorted((t for t in _offered_shapes(sched, problem, device, short)
+    shapes = sorted((t for t in _offered_shapes(sched, problem, device, short, transposed)
                      if t in speeds), key=lambda t: (-t[1], t[0]))
     configs = {t: sched.deepest(problem.dtype, t[1], problem.trans_a, problem.trans_b,
                                 device.smem_per_block_optin, t[0]) for t in shapes}

@@ -29,6 +29,13 @@ TALL_BLOCK_M = 3 * WGMMA_M
 # (heuristics.NARROW_BLOCK_N), where a 128-wide tile would compute as many columns again that
 # no store writes and leave fewer stages.
 NARROW_BLOCK_N = 64
+# The one width that is not a whole number of 64-wide boxes: B loads a last box half used and
+# C is staged and stored in 32-column boxes (KernelConfig.half_box). Where 64-wide steps leave
+# a wave a quarter idle (1984 x 1152: 96 tiles of 128 x 192 on 132 SMs, 128 of 128 x 160), it
+# fills it; cuBLAS's width on such products (NOTES v0.65, v0.66). 128-row tiles of the
+# persistent and overlap kernels only: the skeletons that share B in clusters, split K, pair
+# outputs or store C transposed say no.
+HALF_BOX_BLOCK_N = 160
 WGMMA_NS = (64, 128, 160, 192, 256)  # the N extents csrc/hopmm/wgmma.cuh instantiates
 # A stage is released only after the next k-block's wgmma group is committed (wait_group 1),
 # so a ring of one stage would deadlock: two is a correctness floor, not only a speed one.
@@ -242,8 +249,6 @@ class WarpSpecializedSchedule:
     tall_block_ns: tuple = ()
     # Widths this schedule also offers as WGMMA_M-row tiles (one consumer warpgroup).
     short_block_ns: tuple = ()
-    # 128-row widths it renders only when named (trial_tile_shapes).
-    trial_block_ns: tuple = ()
     # CTAs per thread-block cluster (1: no cluster).
     cluster_size = 1
     # The most operand stages worth having (None: as many as fit).
@@ -358,19 +363,10 @@ class WarpSpecializedSchedule:
                 + [(WGMMA_M, n) for n in cls.short_block_ns])
 
     @classmethod
-    def trial_tile_shapes(cls) -> list[tuple[int, int]]:
-        """(block_m, block_n) of tiles this schedule renders and runs when a caller names them
-        (a config given to the launch layer, bench/compare.py, bench/probes/trial_tile.py) but
-        that neither the heuristic nor autotune offers: built, not yet measured against the
-        others."""
-        return [(BLOCK_M, n) for n in cls.trial_block_ns]
-
-    @classmethod
     def check(cls, cfg: KernelConfig) -> None:
         """ValueError for a config this schedule cannot render."""
-        if (cfg.block_m, cfg.block_n) not in cls.tile_shapes() + cls.trial_tile_shapes():
-            shapes = ", ".join(f"{m}x{n}" for m, n in
-                               cls.tile_shapes() + cls.trial_tile_shapes())
+        if (cfg.block_m, cfg.block_n) not in cls.tile_shapes():
+            shapes = ", ".join(f"{m}x{n}" for m, n in cls.tile_shapes())
             raise ValueError(f"{cls.name}: the tile must be one of {shapes}, got "
                              f"{cfg.block_m}x{cfg.block_n}")
         if cfg.row_store and not cls.row_store_fits(cfg):
@@ -552,8 +548,7 @@ class WarpSpecializedSchedule:
         the deepest pipeline that fits."""
         out = []
         for (block_m, block_n), dtype, ta, tb in itertools.product(
-                cls.tile_shapes() + cls.trial_tile_shapes(), KERNEL_DTYPES, (False, True),
-                (False, True)):
+                cls.tile_shapes(), KERNEL_DTYPES, (False, True), (False, True)):
             cfg = cls.deepest(dtype, block_n, ta, tb, smem_limit, block_m)
             if cfg is not None:
                 out.append(cfg)
@@ -573,16 +568,12 @@ class PersistentSchedule(WarpSpecializedSchedule):
     # offers the transpose on these two only, heuristics._transposed_choice).
     transposed_store_ok = True
     overlap_store = True
-    block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
+    block_ns = (NARROW_BLOCK_N, 128, HALF_BOX_BLOCK_N, 192, 256)
     # 64-row tiles: where the 128-row tiles leave SMs idle in their last (or only) wave, twice
     # as many tiles of half the area can fill more of them (heuristics.SHORT_TILE_MIN_GAIN).
     # The 64 x 64 tile is autotuned only: the heuristic rates only tiles with a speed in
     # heuristics.TILE_SPEED (_fastest_tile, _main_configs), and it has none yet (NOTES v0.57).
     short_block_ns = (NARROW_BLOCK_N,) + WarpSpecializedSchedule.block_ns
-    # 128 x 160: where 64-wide steps leave a wave a quarter idle (1984 x 1152: 96 tiles of
-    # 128 x 192 on 132 SMs; 128 of 128 x 160), cuBLAS's width (NOTES v0.65). The skeletons
-    # built on this one that share B in clusters, split K or pair outputs say no.
-    trial_block_ns = (160,)
 
     @classmethod
     def grid(cls, problem: Problem, cfg: KernelConfig, batch_count: int,
@@ -602,7 +593,6 @@ class PersistentClusterSchedule(PersistentSchedule):
     pair."""
 
     name = "persistent_cluster"
-    trial_block_ns = ()
     transposed_store_ok = False
     phased_ok = False   # the multicast producer loads each operand in one map
     skeleton = "kernel_persistent_cluster.cuh"
@@ -705,29 +695,28 @@ class PersistentOverlapSchedule(PersistentSchedule):
     """The persistent kernel with two accumulator sets per consumer: each tile's epilogue
     runs while the tensor cores work on the next tile's first k-block
     (kernel_persistent_overlap.cuh). Two sets of a 64 x N accumulator tile must fit a
-    consumer's registers, so 128 and 192 wide only."""
+    consumer's registers, so 128, 160 and 192 wide only."""
 
     name = "persistent_overlap"
     skeleton = "kernel_persistent_overlap.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::persistent_overlap_gemm")
     accumulator_sets = 2
-    block_ns = (128, 192)
-    short_block_ns = block_ns   # two 64 x 256 sets would take all of a lone consumer's 256
-    trial_block_ns = (160,)
+    block_ns = (128, HALF_BOX_BLOCK_N, 192)
+    short_block_ns = (128, 192)   # two 64 x 256 sets would take all of a lone consumer's 256
 
 
 class PersistentClusterOverlapSchedule(PersistentClusterSchedule):
     """Clusters of two CTAs sharing their B tiles (persistent_cluster) whose consumers keep two
     accumulator sets (persistent_overlap): B leaves L2 once per pair, and each tile's epilogue
     runs under the next tile's first k-block (kernel_persistent_cluster_overlap.cuh). 128 and
-    192 wide, as persistent_overlap."""
+    192 wide, persistent_overlap's widths of whole boxes."""
 
     name = "persistent_cluster_overlap"
     skeleton = "kernel_persistent_cluster_overlap.cuh"
     slots = dict(PersistentClusterSchedule.slots,
                  SKELETON="hopmm::persistent_cluster_overlap_gemm")
     accumulator_sets = PersistentOverlapSchedule.accumulator_sets
-    block_ns = PersistentOverlapSchedule.block_ns
+    block_ns = (128, 192)
     tall_block_ns = ()  # two 64 x 192 sets do not fit a consumer's share of three
 
 
@@ -738,7 +727,6 @@ class PingPongSchedule(PersistentSchedule):
     the other's main loop (seed 003; FlashAttention-3 / CUTLASS ping-pong)."""
 
     name = "pingpong"
-    trial_block_ns = ()
     transposed_store_ok = False
     skeleton = "kernel_pingpong.cuh"
     slots = dict(PersistentSchedule.slots, SKELETON="hopmm::pingpong_gemm")
@@ -979,7 +967,6 @@ class StreamKSchedule(PersistentSchedule):
     once. The grid's CTA count is the choice's `splits`, a multiple of the lanes."""
 
     name = "stream_k"
-    trial_block_ns = ()
     transposed_store_ok = False
     phased_ok = False   # its producer and its workers' walk are its own
     skeleton = "kernel_stream_k.cuh"
@@ -1084,7 +1071,6 @@ class SharedASchedule(PersistentSchedule):
     products. Computes hopmm.matmul_shared_a, not hopmm.matmul."""
 
     name = "shared_a"
-    trial_block_ns = ()
     transposed_store_ok = False
     phased_ok = False   # a stage of two B tiles
     skeleton = "kernel_dual_b.cuh"

@@ -16,14 +16,14 @@ def test_parse_kernel():
     assert spec == compare.KernelSpec("persistent_overlap", (128, 192), 4)
     assert spec.label == "persistent_overlap/128x192/4"
     assert compare.parse_kernel(" persistent_cluster/192X192/16 ").tile == (192, 192)
-    # a trial tile is timed by name (schedules.trial_tile_shapes)
+    # the half-box tile (schedules.HALF_BOX_BLOCK_N)
     assert compare.parse_kernel("persistent/128x160/4").tile == (128, 160)
 
 
 @pytest.mark.parametrize("text, message", [
     ("persistent/128x256", "schedule/BMxBN/group"),
     ("nosuch/128x256/16", "unknown schedule"),
-    ("persistent/128x200/16", "128x128, 128x192, 128x256"),
+    ("persistent/128x200/16", "128x128, 128x160, 128x192, 128x256"),
     ("persistent/192x192/16", "tiles"),            # the tall tile is the cluster kernel's
     ("pingpong/128x160/4", "tiles"),               # no half boxes on the ping-pong kernel
     ("persistent/128xabc/16", "BMxBN"),

@@ -1243,7 +1243,7 @@ def test_simulated_transposed_product(simulated_gpu, monkeypatch, case):
     gets B^T as its A and A^T as its B (views, no copies: one launch), and its transposed
     tiles land in C as they lie; a repeat on new operands takes the remembered launches,
     which swap them again."""
-    m, k, n = 1152, 1280, 1408
+    m, k, n = 1920, 1280, 1600
 
     def operands():
         if case == "both_transposed":

@@ -173,15 +173,16 @@ def test_split_k_still_copies_odd_rows():
 
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 def test_overlap_tiles_of_odd_rows_run_on_the_single_set_kernel(dtype):
-    """400 x 5001 x 1024: the heuristic's persistent_overlap 128 x 192 has no registers for
-    the row store, so the call runs the same tile on the persistent kernel, storing its rows
-    itself (heuristics.row_store_choice); first call and repeat."""
+    """400 x 6335 x 1024 (one whole wave of 128 x 192 tiles): the heuristic's
+    persistent_overlap 128 x 192 has no registers for the row store, so the call runs the
+    same tile on the persistent kernel, storing its rows itself (heuristics.row_store_choice);
+    first call and repeat."""
     import cupy
 
     import hopmm
 
     cupy.random.seed(9)
-    a, b = forced.operands(400, 5001, 1024, dtype)
+    a, b = forced.operands(400, 6335, 1024, dtype)
     info = _matmul_store(a, b)
     assert info["schedule"] == "persistent" and "_128x192x64_" in info["kernel"], info
     assert "stores the rows itself" in info["output"], info

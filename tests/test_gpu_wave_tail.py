@@ -14,8 +14,8 @@ pytestmark = [requires_hopper, pytest.mark.usefixtures("heuristic_choice")]
 
 # (m, n, k, A transposed, B transposed, the tail's part): 136 tiles of 128 rows, a tail of
 # 300 rows on a split-K schedule; 3 x 92 tiles of 128 x 192, a tail of 704 columns; tails on a
-# persistent kernel, on aligned rows and on rows of 2,686 bytes (both parts store rows
-# themselves).
+# persistent kernel (3648 x 2944: on the half-box tile), on aligned rows and on rows of 2,686
+# bytes (both parts store rows themselves).
 CASES = {
     "rows": (17196, 64, 4096, False, False, "rows"),
     "rows_a_transposed": (17196, 64, 4096, True, False, "rows"),
@@ -23,7 +23,7 @@ CASES = {
     "rows_wider": (17196, 512, 4096, False, False, "rows"),
     "columns": (384, 17600, 4096, False, False, "columns"),
     "columns_b_transposed": (384, 17600, 4096, False, True, "columns"),
-    "persistent_tail": (3648, 2880, 5888, False, False, "columns"),
+    "persistent_tail": (3648, 2944, 5888, False, False, "columns"),
     "persistent_tail_odd_rows": (5440, 1343, 4096, False, False, "columns"),
 }
 

@@ -215,10 +215,11 @@ def test_what_the_copy_route_weighs(simulated_gpu):
 
 
 def test_a_call_the_overlap_kernel_would_copy_runs_on_the_single_set_kernel(simulated_gpu):
-    """400 x 5001 x 1024: the heuristic's 128 x 192 overlap tile has no registers for the row
-    store; the call runs the same tile on the persistent kernel, storing its rows itself, and
-    says so; forced onto the overlap kernel it copies its result as before."""
-    a, b = rand((400, 1024)), rand((1024, 5001))
+    """400 x 6335 x 1024 (one whole wave of 128 x 192 tiles): the heuristic's 128 x 192
+    overlap tile has no registers for the row store; the call runs the same tile on the
+    persistent kernel, storing its rows itself, and says so; forced onto the overlap kernel it
+    copies its result as before."""
+    a, b = rand((400, 1024)), rand((1024, 6335))
     text = hopmm.explain(a, b)
     assert "schedule: persistent\n" in text and "_128x192x64_" in text and "_rs_" in text
     assert "would copy the result" in text

@@ -13,7 +13,7 @@ from hopmm import heuristics, tuning
 from hopmm.device import H100_SXM, H100_SXM_CLUSTERS
 from hopmm.epilogue import EpilogueSpec
 from hopmm.problem import LINE_BYTES, Problem
-from hopmm.schedules import PersistentSchedule, StreamKSchedule as SK
+from hopmm.schedules import SCHEDULES, PersistentSchedule, StreamKSchedule as SK
 
 # An H200 as the heuristic sees it: the H100's SMs and clusters, HBM3e's 4.81 TB/s.
 H200 = replace(H100_SXM_CLUSTERS, name="NVIDIA H200 (assumed)", dram_tbps=4.81)
@@ -234,14 +234,20 @@ def test_wait_on_stages_of_a_decides_a_sub_wave_pick():
 
 def test_wait_on_stages_counts_only_for_a():
     """243 x 9864 x 15416: stream-K's lanes there are rows of tiles (B streamed), and its
-    model is below the overlap pick's wait on its stages, but stream-K ran 0.71 x that pick
-    (NOTES v0.50's probe): the floor, measured on tall products, is weighed only for A."""
+    model is below the wait on its stages of the 128 x 192 overlap tile (the pick then), but
+    stream-K ran 0.71 x that tile (NOTES v0.50's probe): the floor, measured on tall products,
+    is weighed only for A."""
     p = problem(243, 9864, 15416)
     c = heuristics.choose(p, H200)
     stream = heuristics._stream_k_choice(p, H200)
     assert not SK.lanes_are_columns(p, stream.config, stream.raster_group)
     assert c.schedule is not SK and c.config.block_m == 128
-    assert heuristics._choice_us(stream, p, H200) < heuristics._stream_wait_us(c, p, H200)
+    overlap = SCHEDULES["persistent_overlap"]
+    measured = heuristics.Choice(overlap, overlap.deepest(p.dtype, 192, p.trans_a, p.trans_b,
+                                                          H200.smem_per_block_optin),
+                                 "NOTES v0.50's pick", 2)
+    assert (heuristics._choice_us(stream, p, H200)
+            < heuristics._stream_wait_us(measured, p, H200))
 
 
 @pytest.mark.parametrize("device", [H100_SXM, H200], ids=["H100", "H200"])

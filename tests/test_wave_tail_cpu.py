@@ -137,9 +137,9 @@ TAIL_CASES = {   # (m, k, n, A transposed, B transposed, axis of the tail)
     "rows_a_transposed": (600, 4096, 128, True, False, "m"),
     "rows_b_transposed": (600, 4096, 128, False, True, "m"),
     "rows_wide_tiles": (600, 4096, 256, False, False, "m"),
-    "columns": (200, 4096, 640, False, False, "n"),
-    "columns_b_transposed": (200, 4096, 640, False, True, "n"),
-    "columns_persistent_tail": (700, 4096, 640, False, False, "n"),
+    "columns": (200, 4096, 832, False, False, "n"),
+    "columns_b_transposed": (200, 4096, 832, False, True, "n"),
+    "columns_persistent_tail": (640, 4096, 832, False, False, "n"),
 }
 
 
@@ -158,7 +158,7 @@ def _fused_reference(a, b, bias, c, alpha, beta):
 FUSED_TAIL_CASES = {   # (m, k, n, axis): tails also for an epilogue that reads bias and c
     "rows": (600, 4096, 128, "m"),
     "columns": (200, 4096, 1280, "n"),
-    "columns_persistent_tail": (700, 4096, 640, "n"),
+    "columns_persistent_tail": (640, 4096, 832, "n"),
 }
 
 

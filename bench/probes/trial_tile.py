@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
-"""A probe, not part of hopmm: the 128 x 160 trial tile (schedules.trial_tile_shapes) on the
+"""A probe, not part of hopmm: the 128 x 160 tile (schedules.HALF_BOX_BLOCK_N) forced on the
 persistent and overlap kernels, against the heuristic's pick (through hopmm.matmul) and cuBLAS,
 on products where 64-wide steps of tile width leave part of a wave idle (bench/NOTES.md v0.65:
-cuBLAS ran 128x160 tiles on five of seven such losers of seed 257).
+cuBLAS ran 128x160 tiles on five of seven such losers of seed 257; v0.66: what this measured
+before the heuristic offered the tile).
 
     python bench/probes/trial_tile.py OUT.json [--groups 1,4,16] MxNxKxDTYPE ...
     python bench/probes/trial_tile.py OUT.json --draw SEED COUNT

@@ -1,4 +1,4 @@
-"""GPU: the 128 x 160 tile (schedules.trial_tile_shapes), which loads B in whole 64-wide boxes
+"""GPU: the 128 x 160 tile (schedules.HALF_BOX_BLOCK_N), which loads B in whole 64-wide boxes
 (the last one half used) and stages and stores C in boxes of 32 columns. Forced through the
 launch layer against cupy.matmul in fp32, into NaN-poisoned buffers: tile edges on every side,
 every layout, both dtypes, batches, the row store, A read through phase maps, fused epilogues;
@@ -65,7 +65,7 @@ def test_a_through_phase_maps(schedule, k):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 @pytest.mark.parametrize("bias_form", ["columns", "rows"])
 def test_fused_epilogue(schedule, bias_form):
-    """bias, gelu, alpha and beta * c on the trial tile, the chain applied per half box."""
+    """bias, gelu, alpha and beta * c on the half-box tile, the chain applied per half box."""
     from dataclasses import replace
 
     import cupy
