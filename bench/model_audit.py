@@ -6,11 +6,18 @@ waves. A group far from 1 is a model whose absolute scale misleads the choices t
 against another model (bench/NOTES.md v0.53).
 
     python bench/model_audit.py [SWEEP.json ...] [--min-rows 8] [--json OUT.json]
+    python bench/model_audit.py --candidates TABLE.json ... --dram-tbps 4.81
 
 Without files it reads bench/results/sweep-*.json. No GPU: each shape's problem is rebuilt as
 the sweep passed it (row-major A and B); shapes whose rows TMA could not read in place, that
 went through copies or to cupy.matmul, or that split off a wave tail are left out, as are those
 whose pick has changed since the sweep ran (counted apart).
+
+With --candidates, the files are `bench/autotune_table.py --json` tables instead: every timed
+candidate (each shape's pick and its rivals, not only the picks) against its model, grouped by
+schedule and tile, on an H100 as it reports its cluster capacity with the DRAM peak of the
+device the table was timed on (the tables do not record it). Candidates no model times, and
+labels today's candidates no longer hold, are left out.
 """
 from __future__ import annotations
 
@@ -90,6 +97,35 @@ def audit_rows(path: Path) -> tuple[list[dict], int]:
     return rows, changed
 
 
+def candidate_rows(path: Path, device) -> list[dict]:
+    """Each timed candidate of the autotune table at `path` whose label is one of today's
+    candidates (tuning.candidates) and that a model times: its group and measured / model."""
+    from hopmm import tuning
+
+    rows = []
+    for r in json.loads(path.read_text()):
+        m, n, k = r["shape"]
+        problem = pick_ab.row_major_problem(m, n, k, CUPY_DTYPE_NAMES[r["dtype"]])
+        choices = {tuning.label(c): c for c in tuning.candidates(problem, device)}
+        for label, tflops in r["tflops"].items():
+            choice = choices.get(label)
+            if choice is None or not tflops:
+                continue
+            try:
+                model = heuristics.estimate_us(choice, problem, device)
+            except KeyError:   # a tile the models do not rate (the 64 x 64 tile)
+                continue
+            if model is None:
+                continue
+            measured = 2 * m * n * k * problem.batch / (tflops * 1e6)
+            cfg = choice.config
+            rows.append(dict(device=device.name, schedule=choice.schedule.name,
+                             tile=f"{cfg.block_m}x{cfg.block_n}", label=label,
+                             shape=f"{m}x{n}x{k}", dtype=r["dtype"], model_us=model,
+                             measured_us=measured, ratio=measured / model))
+    return rows
+
+
 def summarize(rows: list[dict], keys: tuple, min_rows: int) -> list[dict]:
     """Per group of `keys` with at least `min_rows` rows: the count, the geometric mean and
     the 10th / 90th percentiles of measured / model."""
@@ -121,7 +157,22 @@ def main(argv=None) -> int:
     p.add_argument("files", nargs="*", help="sweep JSON files (default: bench/results/sweep-*)")
     p.add_argument("--min-rows", type=int, default=8, help="smallest group shown")
     p.add_argument("--json", default=None, help="also write the rows and groups here")
+    p.add_argument("--candidates", action="store_true",
+                   help="the files are autotune tables (bench/autotune_table.py --json)")
+    p.add_argument("--dram-tbps", type=float, default=None,
+                   help="with --candidates: the DRAM peak of the device that timed them")
     args = p.parse_args(argv)
+    if args.candidates:
+        if not args.files:
+            p.error("--candidates needs the autotune tables to read")
+        device = replace(H100_SXM_CLUSTERS, dram_tbps=args.dram_tbps or H100_SXM.dram_tbps)
+        rows = [r for f in args.files for r in candidate_rows(Path(f), device)]
+        groups = summarize(rows, ("schedule", "tile"), args.min_rows)
+        print(f"{len(rows)} timed candidates of {len(args.files)} tables")
+        print(format_table(groups, ("schedule", "tile")))
+        if args.json:
+            Path(args.json).write_text(json.dumps(dict(rows=rows, groups=groups), indent=1))
+        return 0
     paths = [Path(f) for f in args.files] or sorted(RESULTS.glob("sweep-*.json"))
     if not paths:
         p.error("no sweep results to read")
