@@ -15,7 +15,8 @@ from hopmm.device import H100_SXM
 from hopmm.problem import Problem
 from hopmm.schedules import (BLOCK_M, ELEM_BYTES, HALF_BOX_BLOCK_N, SCHEDULES, TMA_BOX_ELEMS,
                              WGMMA_M, KernelConfig, b_tile_cols, c_box_bytes, c_box_cols)
-from test_cpu_simulated_launch import SimulatedLaunch, fake, simulated_gpu  # noqa: F401
+from test_cpu_simulated_launch import (SimulatedLaunch, _kernel_name, expect, fake, rand,  # noqa: F401
+                                       simulated_gpu)
 
 TILE = (BLOCK_M, HALF_BOX_BLOCK_N)
 SMEM = H100_SXM.smem_per_block_optin
@@ -177,3 +178,44 @@ def test_a_forced_product_on_the_simulated_gpu(simulated_gpu, name, m, n, k):  #
     assert (last.tiles_m, last.tiles_n) == (-(-m // 128), -(-n // 160))
     ref = np.asarray(a, np.float32) @ np.asarray(b, np.float32)
     np.testing.assert_allclose(np.asarray(out[0], np.float32), ref, rtol=2e-2, atol=2e-2)
+
+
+WAVE_SHAPE = (1984, 2240, 1152)   # m, k, n: the heuristic's half box on the H100 (above)
+
+
+@pytest.mark.parametrize("case", ["plain", "batched", "fused", "row_store", "b_off_16_bytes"])
+def test_the_heuristics_half_box_through_matmul(simulated_gpu, case):  # noqa: F811
+    """hopmm.matmul's own pick, end to end on the simulated GPU: the half box launched as
+    picked, with a batch, a fused bias and relu, a result whose rows TMA cannot store (the
+    row store), and B's rows off 16 bytes (B through phase maps on another tile, or from an
+    aligned copy: never a phased half box)."""
+    import hopmm
+
+    m, k, n = WAVE_SHAPE
+    if case == "b_off_16_bytes":
+        n -= 5
+    if case == "batched":
+        m //= 2   # two matrices of half the rows: as many tiles
+    a = rand(((2,) if case == "batched" else ()) + (m, k))
+    b = rand(((2,) if case == "batched" else ()) + (k, n))
+    if case == "fused":
+        bias = rand((n,))
+        got = hopmm.matmul(a, b, bias=bias, activation="relu")
+        ref = np.maximum(np.asarray(a, np.float32) @ np.asarray(b, np.float32)
+                         + np.asarray(bias, np.float32), 0)
+        assert np.linalg.norm(np.asarray(got, np.float32) - ref) <= 1e-2 * np.linalg.norm(ref)
+    elif case == "row_store":
+        buf = fake(np.full((m, n + 3), np.nan, np.asarray(a).dtype))
+        out = buf[:, 1:n + 1]
+        assert hopmm.matmul(a, b, out=out) is out
+        expect(a, b, out)
+        assert np.isnan(np.asarray(buf[:, 0], np.float32)).all()
+        assert np.isnan(np.asarray(buf[:, n + 1:], np.float32)).all()
+    else:
+        expect(a, b, hopmm.matmul(a, b))
+    name = _kernel_name(SimulatedLaunch.last.function)
+    if case == "b_off_16_bytes":
+        assert not ("_128x160x64_" in name and "_bp" in name), name
+    else:
+        assert name.startswith("hopmm_persistent_") and "_128x160x64_" in name, name
+        assert ("_rs_" in name) == (case == "row_store"), name
