@@ -408,7 +408,7 @@ def _offered_shapes(sched, problem: Problem, device: DeviceInfo, short: bool = T
 
 def _half_box_fits(problem: Problem, transposed: bool) -> bool:
     """Whether the half-box tile is offered: not for a result stored `transposed` (its
-    kernels stage a half box of C only as it lies: KernelConfig.half_box), nor where the
+    kernels stage a half box of C only as it lies: KernelConfig.transposable), nor where the
     product has fewer than HALF_BOX_MIN_M rows."""
     return not transposed and problem.m >= HALF_BOX_MIN_M
 
@@ -1570,7 +1570,7 @@ def _phased_options(choice: Choice, a_pitch_mod8: int, b_pitch_mod8: int, proble
     options = []
     for a_pitch, b_pitch in pitches:
         for other in others:
-            if b_pitch and other.config.half_box:   # B's half box comes through one map
+            if b_pitch and not other.config.b_phases_ok:
                 continue
             kept = other.config if other is choice else replace(
                 other.config, epilogue=cfg.epilogue, row_store=cfg.row_store and

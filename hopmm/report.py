@@ -54,7 +54,7 @@ def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     phased = []
     for i, (schedule, cfg) in enumerate((s, c) for s, c in cases
                                         if getattr(s, "phased_ok", False)):
-        b_ok = cfg.trans_b and not cfg.half_box   # a half box of B comes through one map
+        b_ok = cfg.b_phases_ok
         can = [which for which, ok in (("a", not cfg.trans_a), ("b", b_ok),
                                        ("ab", not cfg.trans_a and b_ok)) if ok]
         if not can:
@@ -68,7 +68,7 @@ def kernel_matrix(device: DeviceInfo) -> list[tuple[type, object]]:
     transposed, tiles = [], []
     for schedule, cfg in cases:
         if (not getattr(schedule, "transposed_store_ok", False) or cfg.epilogue is not None
-                or cfg.half_box):
+                or not cfg.transposable):
             continue
         tile = (schedule, cfg.block_m, cfg.block_n)
         if tile not in tiles:

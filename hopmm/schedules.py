@@ -129,7 +129,8 @@ class KernelConfig:
             raise ValueError("a_pitch_mod8 (phased A): whole K-major A tiles (no a_rows)")
         if self.b_pitch_mod8 and not self.trans_b:
             raise ValueError("b_pitch_mod8 (phased B): an N-major B")
-        if self.half_box and (self.trans_c or self.b_pitch_mod8):
+        if (self.trans_c and not self.transposable) or (self.b_pitch_mod8
+                                                        and not self.b_phases_ok):
             raise ValueError(f"block_n = {self.block_n} (half a box of B and C): no trans_c "
                              f"or b_pitch_mod8")
         if self.trans_c and (self.epilogue is not None or self.row_store or is_phased(self)):
@@ -141,6 +142,18 @@ class KernelConfig:
         """Whether the tile's width is not a whole number of 64-wide boxes (160): B's last box
         is half read and C goes out in boxes of 32 columns (tile_config.cuh kHalfBox)."""
         return self.block_n % TMA_BOX_ELEMS != 0
+
+    @property
+    def b_phases_ok(self) -> bool:
+        """Whether B may be read through phase maps (b_pitch_mod8): an N-major B in whole
+        boxes (a half box of B comes through one map)."""
+        return self.trans_b and not self.half_box
+
+    @property
+    def transposable(self) -> bool:
+        """Whether the tile may store its result transposed (trans_c): whole boxes of C (a
+        half box is staged only as it lies)."""
+        return not self.half_box
 
     @property
     def a_load_rows(self) -> int:

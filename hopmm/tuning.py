@@ -291,16 +291,16 @@ def _raster_groups(problem: Problem, cfg) -> list[int]:
 
 
 def transposed_candidates(problem: Problem, device: DeviceInfo) -> list[Choice]:
-    """Each tile shape of whole boxes (not KernelConfig.half_box) x raster group of the
-    schedules that store transposed (KernelConfig.trans_c) on the transpose of `problem`, with
-    the deepest pipeline; none where B's lines are not whole 128-byte lines (the heuristic
-    never transposes those)."""
+    """Each tile shape x raster group of the schedules that store transposed
+    (KernelConfig.trans_c; the tiles that may: KernelConfig.transposable) on the transpose of
+    `problem`, with the deepest pipeline; none where B's lines are not whole 128-byte lines
+    (the heuristic never transposes those)."""
     if not problem.b_pitch_aligned:
         return []
     flipped = transposed_problem(problem)
     return [Choice(sched, replace(cfg, trans_c=True), "autotune candidate", g)
             for sched in SCHEDULES.values() if sched.transposed_store_ok
-            for cfg in _tile_configs(sched, flipped, device) if not cfg.half_box
+            for cfg in _tile_configs(sched, flipped, device) if cfg.transposable
             for g in _raster_groups(flipped, cfg)]
 
 

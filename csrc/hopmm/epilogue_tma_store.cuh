@@ -93,8 +93,8 @@ struct TmaStoreEpilogue {
     }
 
     // Writes columns kCBoxElems * BOX ... of the warpgroup's 64-row accumulator block (a box
-    // of kCBoxElems) to the staging box at `box_addr`, in the layout of a SWIZZLE_128B box of
-    // kCBoxElems columns x 64 rows. Accumulator register i of thread t holds row
+    // of kCBoxElems) to the staging box at `box_addr`, in the layout of a swizzled box of
+    // kCBoxElems columns x 64 rows (box_chunk). Accumulator register i of thread t holds row
     // 16*(t/32) + (t%32)/4 + 8*((i/2)%2), column 8*(i/4) + 2*(t%4) + i%2, so registers
     // (4j, 4j+1) and (4j+2, 4j+3) are the stmatrix fragments of the 8x8 blocks (rows 0-7,
     // group j) and (rows 8-15, group j) of the warp's 16-row slice.
