@@ -112,31 +112,51 @@ SPLIT_K_MAX_SPLITS = 16
 CLUSTER_SPLIT_MIN_K_BLOCKS = 8
 # Split-K reduced in parallel (SplitKParallelSchedule): one hand-off per split instead of a
 # chain, so as many splits as the co-residency bound allows, each of at least
-# PARALLEL_MIN_K_BLOCKS k-blocks. Its model, fitted to 857 H100 timings of every tile and
-# split count on problems of 16-2624 rows (bench/NOTES.md v0.29; first fitted in v0.17):
-#   time(s) = max(ceil(k_blocks / s) * k-block,  bytes of A, B and C / PARALLEL_DRAM_TBPS,
-#                 all CTAs' operand tiles / PARALLEL_L2_TBPS)
-#             +  PARALLEL_HANDOFF_US  +  s * PARALLEL_SPLIT_US
-#   k-block = (PARALLEL_KBLOCK_US[tile] + ZERO_ROW_US * zero-filled rows of the worst tile)
-#             * (1 + PARALLEL_LOAD / dram_scale * the share of the SMs the CTAs take)
+# PARALLEL_MIN_K_BLOCKS k-blocks. Its model (ParallelModel below):
+#   time(s) = max(ceil(k_blocks / s) * k-block,  bytes of A, B and C / dram_tbps,
+#                 all CTAs' operand tiles / l2_tbps)
+#             +  handoff_us  +  partials * (partial_us + s * add_us)
+#   k-block = (kblock_us[tile] + ZERO_ROW_US * zero-filled rows of the worst tile)
+#             * (1 + load / dram_scale * the share of the SMs the CTAs take)
 # The k-block times are those of a CTA streaming alone; with every SM busy each takes
-# 1 + PARALLEL_LOAD times as long on the H100 (L2 and DRAM shared), a share of it that a faster
-# DRAM relieves: PARALLEL_LOAD / dram_scale. Unscaled, this model's picks of 128-row tiles ran
-# 1.035 x it on an H200 (4.8 TB/s) and 1.16 x on the H100, split_k's 1.12-1.13 x its own on
-# both; scaled, the 26 picks it moved on sweep and mid-row draws ran 1.05 x (NOTES v0.65).
-# A row TMA zero-fills past the problem's edge costs far less than a loaded one. The DRAM rate
-# is what the kernel's TMA loads of B reach; the L2 term binds where many CTAs load narrow
-# tiles. The 64 x 192 tile's k-block time is fitted apart, to 45 timings of 16 products of
-# 192 columns (6 % rms; NOTES v0.47): one column of its tiles covers 129-192 columns, where
-# 128-wide tiles compute a second column a quarter full and read every A tile twice.
+# 1 + load times as long on the H100 (L2 and DRAM shared), a share of it that a faster DRAM
+# relieves: load / dram_scale. A row TMA zero-fills past the problem's edge costs far less than
+# a loaded one. The DRAM rate is what the kernel's TMA loads of B reach; the L2 term binds
+# where many CTAs load narrow tiles. The hand-off grows with the fp32 partial tile (`partials`:
+# its size over PARALLEL_PARTIAL_TILE's): a CTA stores its own, waits for the tile's other
+# splits and adds up its share of all of them. One column of 64 x 192 tiles covers 129-192
+# columns, where 128-wide tiles compute a second column a quarter full and read A twice.
 PARALLEL_MIN_K_BLOCKS = 4
-PARALLEL_KBLOCK_US = {(WGMMA_M, 128): 0.15, (WGMMA_M, 192): 0.25, (WGMMA_M, 256): 0.28,
-                      (BLOCK_M, 128): 0.26}
-PARALLEL_LOAD = 0.8
-PARALLEL_DRAM_TBPS = 2.6
-PARALLEL_L2_TBPS = 10.0
-PARALLEL_HANDOFF_US = 5.0
-PARALLEL_SPLIT_US = 0.1
+PARALLEL_PARTIAL_TILE = (WGMMA_M, 128)
+
+
+@dataclass(frozen=True)
+class ParallelModel:
+    """split_k_parallel's time model's constants (above)."""
+    kblock_us: dict
+    load: float
+    dram_tbps: float
+    l2_tbps: float
+    handoff_us: float
+    partial_us: float
+    add_us: float
+
+
+# Problems of more than SHORT_TILE_MAX_M rows: fitted to 1,231 timings of every tile and split
+# count on problems of 1-3392 rows, 344 on an H100 and 887 on an H200; on the 747 of more than
+# 64 rows 6 % rms where v0.29's constants left 11 % (bench/NOTES.md v0.67; first fitted in
+# v0.17).
+PARALLEL_MODEL = ParallelModel(
+    kblock_us={(WGMMA_M, 128): 0.151, (WGMMA_M, 192): 0.216, (WGMMA_M, 256): 0.293,
+               (BLOCK_M, 128): 0.252},
+    load=0.68, dram_tbps=2.6, l2_tbps=16.0, handoff_us=2.0, partial_us=3.0, add_us=0.024)
+# At most SHORT_TILE_MAX_M rows (A's tiles trimmed to them): v0.29's fit to 857 H100 timings.
+# The refit above picked worse there on an H200 (0.98 x these picks on 113 decode and 68
+# few-row draws): it split short main loops the persistent kernels run faster, into more
+# splits (NOTES v0.67).
+FEW_ROWS_PARALLEL_MODEL = ParallelModel(
+    kblock_us={(WGMMA_M, 128): 0.15, (WGMMA_M, 256): 0.28},
+    load=0.8, dram_tbps=2.6, l2_tbps=10.0, handoff_us=5.0, partial_us=0.0, add_us=0.1)
 ZERO_ROW_US = 0.0005
 # Where the DRAM term binds, more splits ran faster than the model's one rate says: the most
 # splits within this factor of the best estimate are taken (bench/NOTES.md v0.17).
@@ -529,17 +549,31 @@ def zero_filled_rows(problem: Problem, cfg: KernelConfig) -> int:
 def parallel_split_estimate_us(k_blocks: int, splits: int, tile: tuple[int, int],
                                 operand_bytes: int, zero_rows: int = 0,
                                 busy: float = 0.0, tile_bytes: int = 0, *,
-                                dram_scale: float) -> float:
-    """split_k_parallel's time model above, in microseconds; `operand_bytes` are those of
+                                dram_scale: float,
+                                model: ParallelModel = PARALLEL_MODEL) -> float:
+    """split_k_parallel's time `model` (above), in microseconds; `operand_bytes` are those of
     A, B and C once, `zero_rows` the zero-filled rows of the worst tile (zero_filled_rows),
     `busy` the share of the SMs its CTAs take, `tile_bytes` the operand tiles all its CTAs
     load (through L2), `dram_scale` the device's DRAM rate over the H100's (dram_scale)."""
-    kblock_us = ((PARALLEL_KBLOCK_US[tile] + zero_rows * ZERO_ROW_US)
-                 * (1 + PARALLEL_LOAD / dram_scale * min(busy, 1.0)))
+    kblock_us = ((model.kblock_us[tile] + zero_rows * ZERO_ROW_US)
+                 * (1 + model.load / dram_scale * min(busy, 1.0)))
     return (max(-(-k_blocks // splits) * kblock_us,
-                operand_bytes / (PARALLEL_DRAM_TBPS * dram_scale * 1e6),
-                tile_bytes / (PARALLEL_L2_TBPS * 1e6))
-            + PARALLEL_HANDOFF_US + splits * PARALLEL_SPLIT_US)
+                operand_bytes / (model.dram_tbps * dram_scale * 1e6),
+                tile_bytes / (model.l2_tbps * 1e6))
+            + parallel_handoff_us(tile, splits, model))
+
+
+def parallel_handoff_us(tile: tuple[int, int], splits: int,
+                        model: ParallelModel = PARALLEL_MODEL) -> float:
+    """split_k_parallel's hand-off of `splits` splits of `tile` under `model` (above)."""
+    partials = tile[0] * tile[1] / (PARALLEL_PARTIAL_TILE[0] * PARALLEL_PARTIAL_TILE[1])
+    return model.handoff_us + partials * (model.partial_us + splits * model.add_us)
+
+
+def parallel_model(problem: Problem) -> ParallelModel:
+    """The split_k_parallel model for `problem`: FEW_ROWS_PARALLEL_MODEL for its trimmed tiles
+    of at most SHORT_TILE_MAX_M rows, else PARALLEL_MODEL."""
+    return FEW_ROWS_PARALLEL_MODEL if problem.m <= SHORT_TILE_MAX_M else PARALLEL_MODEL
 
 
 def _operand_bytes(problem: Problem) -> int:
@@ -612,7 +646,8 @@ def _split_estimates(sched, problem: Problem, cfg: KernelConfig, device: DeviceI
         return {s: parallel_split_estimate_us(k_blocks, s, (cfg.block_m, cfg.block_n),
                                               _dram_bytes(problem), zero_rows,
                                               tiles * s / device.sm_count, tile_bytes,
-                                              dram_scale=dram_scale(device))
+                                              dram_scale=dram_scale(device),
+                                              model=parallel_model(problem))
                 for s in range(1, top + 1)}
     least = CLUSTER_SPLIT_MIN_K_BLOCKS if sched is SplitKClusterSchedule else SPLIT_K_MIN_K_BLOCKS
     top = min(bound, SPLIT_K_MAX_SPLITS, k_blocks if forced else k_blocks // least)
@@ -657,10 +692,12 @@ def _best_split(sched, problem: Problem, cfg: KernelConfig, device: DeviceInfo,
             return 1, None
         # 128-row tiles split only where that beats the unsplit tile (no hand-off) by
         # SPLIT_K_MIN_GAIN.
-        if cfg.block_m == BLOCK_M and not forced and (
-                len(split) == 1 or (one - PARALLEL_HANDOFF_US - PARALLEL_SPLIT_US)
-                / min(t for s, t in split.items() if s > 1) < SPLIT_K_MIN_GAIN):
-            return 1, None
+        if cfg.block_m == BLOCK_M and not forced:
+            unsplit = one - parallel_handoff_us((cfg.block_m, cfg.block_n), 1,
+                                                parallel_model(problem))
+            if len(split) == 1 or unsplit / min(t for s, t in split.items() if s > 1) \
+                    < SPLIT_K_MIN_GAIN:
+                return 1, None
         # More CTAs streaming draw more of the DRAM's bandwidth than the model's one rate says:
         # the most splits within PARALLEL_FILL_SLACK of the best estimate.
         fastest = min(split.values())
@@ -740,9 +777,11 @@ def _split_k_choice(problem: Problem, device: DeviceInfo,
         return None
     tiles = _tiles(problem, cfg.block_m, cfg.block_n)
     # The unsplit 64-row tiles that would run instead hold the split, unless it outnumbers
-    # them.
-    rival = _short_tile_rival(problem, device) if forced is None and short and splits > 1 \
-        else None
+    # them; unsplit, they run it: the persistent kernels' tiles need no workspace (this
+    # schedule's one split ran 0.84 x them on 320 x 3584 x 27264, NOTES v0.67).
+    rival = _short_tile_rival(problem, device) if forced is None and short else None
+    if rival and splits == 1:
+        return None
     spread = rival and _split_outnumbers_short_tiles(problem, device, rival,
                                                      tiles * splits)
     if rival and not spread and _short_tiles_beat_split(problem, device, estimate, rival):

@@ -1282,7 +1282,7 @@ def test_matmul_ab_plans_each_rule_afresh(simulated_gpu):
     line naming that rule's kernel; the constants are the current ones afterwards."""
     matmul_ab = _bench_module("matmul_ab.py")
     current = heuristics.GEMV_M_MAJOR_A_ROW_COST
-    sets = [(rand((2048, 2048)), rand((2048, 16))) for _ in range(2)]
+    sets = [(rand((4096, 4096)), rand((4096, 16))) for _ in range(2)]
     new = matmul_ab.planned(sets, {})
     old = matmul_ab.planned(sets, {"GEMV_M_MAJOR_A_ROW_COST": 0.0})
     assert "schedule: persistent" in new[1] and "schedule: gemv" in old[1], (new[1], old[1])

@@ -147,11 +147,12 @@ def test_64_row_tiles_are_never_paired_into_clusters():
     (2176, 320, 1472, SplitKClusterSchedule), (704, 1088, 1536, SplitKClusterSchedule),
     (2048, 448, 2176, SplitKClusterSchedule), (1024, 1024, 2048, SplitKClusterSchedule),
     (1024, 1024, 4096, SplitKClusterSchedule), (640, 1024, 3072, SplitKClusterSchedule),
-    (2048, 512, 2048, SplitKClusterSchedule), (192, 4288, 21696, SplitKParallelSchedule)])
+    (2048, 512, 2048, SplitKClusterSchedule)])
 def test_64_row_tiles_replace_splits_they_beat(m, n, k, split):
     """The split models put a split SPLIT_K_MIN_GAIN ahead of the 128-row tiles; the 64 x 128
     tiles' wave model is within that of the split: unsplit. They ran 1.03-1.40 x the split on
-    these (and 0.97-1.48 x, geomean 1.19, on 25 problems of the tuning seeds)."""
+    these (and 0.97-1.48 x, geomean 1.19, on 25 problems of the tuning seeds). (192 x 4288 x
+    21696's split_k_parallel pick is now one split, which those tiles run: NOTES v0.67.)"""
     c = choose(m, n, k)
     assert c.schedule is PersistentSchedule and c.splits == 1
     assert (c.config.block_m, c.config.block_n) == (64, 128)
@@ -182,7 +183,7 @@ def test_one_round_of_64_row_tiles_beats_splits_and_the_narrow_tile_on_short_loo
         mp.setattr(heuristics, "_short_tiles_in_one_round", lambda *args: False)
         before = choose(m, n, k, dtype=dtype)
     heuristics.choose.cache_clear()
-    assert before.schedule is old and before.config.block_m == 128
+    assert before.schedule is old and (before.config.block_m == 128 or before.splits > 1)
 
 
 def test_the_one_round_margin_and_main_loop_bound_decide():
@@ -221,7 +222,7 @@ def test_splits_of_more_ctas_than_64_row_tiles_take_long_loops(m, n, k, dtype, s
     p = Problem(m, n, k, 1, dtype)
     assert heuristics._k_blocks(p) >= heuristics._split_more_ctas_min_k_blocks(H100)
     c = choose(m, n, k, dtype=dtype)
-    assert c.schedule is split and c.splits >= 3
+    assert c.schedule is split and c.splits >= 2
     assert "tiles' bar does not hold it" in c.reason   # what explain says decided
     ctas = heuristics._tiles(p, c.config.block_m, c.config.block_n) * c.splits
     assert ctas >= heuristics.SPLIT_MORE_CTAS * heuristics._tiles(p, *heuristics.FEW_ROWS_TILE)
@@ -250,7 +251,7 @@ def test_faster_dram_unholds_splits_over_shorter_loops(m, n, k, dtype):
     on_h100 = choose(m, n, k, dtype=dtype)
     assert on_h100.splits == 1 and on_h100.config.block_m == WGMMA_M
     on_h200 = choose(m, n, k, dtype=dtype, device=h200)
-    assert on_h200.splits >= 3 and "tiles' bar does not hold it" in on_h200.reason
+    assert on_h200.splits >= 2 and "tiles' bar does not hold it" in on_h200.reason
 
 
 # Two splits of 128-row tiles, about as many CTAs as the 64-row tiles (they ran 0.87-0.89 x

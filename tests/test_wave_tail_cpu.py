@@ -133,9 +133,9 @@ def four_sms(simulated_gpu, monkeypatch):
 
 
 TAIL_CASES = {   # (m, k, n, A transposed, B transposed, axis of the tail)
-    "rows": (600, 4096, 128, False, False, "m"),
-    "rows_a_transposed": (600, 4096, 128, True, False, "m"),
-    "rows_b_transposed": (600, 4096, 128, False, True, "m"),
+    "rows": (632, 4096, 128, False, False, "m"),
+    "rows_a_transposed": (632, 4096, 128, True, False, "m"),
+    "rows_b_transposed": (632, 4096, 128, False, True, "m"),
     "rows_wide_tiles": (600, 4096, 256, False, False, "m"),
     "columns": (200, 4096, 832, False, False, "n"),
     "columns_b_transposed": (200, 4096, 832, False, True, "n"),
@@ -156,7 +156,7 @@ def _fused_reference(a, b, bias, c, alpha, beta):
 
 
 FUSED_TAIL_CASES = {   # (m, k, n, axis): tails also for an epilogue that reads bias and c
-    "rows": (600, 4096, 128, "m"),
+    "rows": (632, 4096, 128, "m"),
     "columns": (200, 4096, 1280, "n"),
     "columns_persistent_tail": (640, 4096, 832, "n"),
 }
@@ -213,7 +213,7 @@ def test_simulated_tail_computes_every_part(four_sms, case):
 
 
 def test_simulated_tail_repeats_on_new_operands(four_sms):
-    m, k, n = 600, 4096, 128
+    m, k, n = 632, 4096, 128
     a, b = rand((m, k)), rand((k, n))
     expect(a, b, hopmm.matmul(a, b))
     before = SimulatedLaunch.launches
