@@ -181,8 +181,8 @@ def c_box_cols(cfg: KernelConfig) -> int:
 
 
 def c_box_bytes(cfg: KernelConfig) -> int:
-    """Bytes of one staging box: 64 rows of c_box_cols."""
-    return WGMMA_M * c_box_cols(cfg) * ELEM_BYTES
+    """Bytes of one staging box: 64 rows of c_box_cols (C_BOX_BYTES, or half of it)."""
+    return C_BOX_BYTES * c_box_cols(cfg) // TMA_BOX_ELEMS
 
 
 def b_tile_cols(cfg: KernelConfig) -> int:

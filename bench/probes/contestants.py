@@ -4,18 +4,20 @@ beside the probe's own contestants (bench/NOTES.md: cuBLAS in the same run); a c
 launches as such a contestant; the check of the probe's own contestants; the line and JSON
 each product's timings go to; and the cupy dtype of a probe's bf16 / fp16 argument."""
 import json
+import sys
+from pathlib import Path
 
 import cupy
 
 from hopmm import launch, layout, operands
 
-
-DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16"}
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench import CUPY_DTYPE_NAMES  # noqa: E402
 
 
 def cupy_dtype(alias: str):
     """The cupy dtype of a probe's dtype argument (bf16 or fp16)."""
-    name = DTYPE_NAMES[alias]
+    name = CUPY_DTYPE_NAMES[alias]
     try:
         return cupy.dtype(name)
     except TypeError:  # known by name only once ml_dtypes registered it

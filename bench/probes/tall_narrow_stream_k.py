@@ -30,7 +30,6 @@ WARMUP_S = 0.2
 MAX_REL_ERR = 2e-2
 
 
-
 def stream_k_choices(problem, device, tiles) -> list:
     """Stream-K on each tile in each lane direction, as many CTAs a lane as the SMs allow."""
     out = []

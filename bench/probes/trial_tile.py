@@ -41,7 +41,6 @@ DEFAULT_GROUPS = (1, 4, 16)
 ROW_ALIGN_ELEMS = 8   # 16-byte rows of 16-bit elements
 
 
-
 def trial_runs(calls, c, device, groups) -> dict:
     """{name: run(i)} of the trial tile on each kernel and raster group, on the input sets'
     kernel operands `calls` (kernel_calls)."""
